@@ -1,0 +1,312 @@
+/*
+ * regroup etcd client: etcd v3 over its JSON gateway (etcd 3.4+).
+ *
+ * One rg_etcd_t holds a list of endpoints and one reused HTTP connection. A call tries the
+ * endpoint that worked last, and fails over to the next one on a connect failure, a timeout
+ * or an "unavailable" answer, all within the call's deadline. A call is safe from any thread
+ * (calls on one client are serialised by a mutex); a watch and a lease keeper run on their
+ * own connections and threads.
+ *
+ * Deadlines: every call takes an absolute rg_deadline_t (see rg_deadline_in_ms()); 0 means
+ * "now + the client's default timeout". A call that runs out of time returns RG_ETIMEDOUT.
+ *
+ * Errors: a status plus rg_last_error(), which names the endpoint and what failed:
+ *   RG_EUNREACH   no endpoint could be connected to
+ *   RG_ETIMEDOUT  the deadline passed
+ *   RG_EAUTH      wrong user/password or token refused
+ *   RG_EPERM      permission denied by etcd
+ *   RG_ECOMPACTED the requested revision has been compacted
+ *   RG_ENOENT     lease not found
+ *   RG_EPROTO     malformed, truncated or unexpected response
+ *   RG_ETOOBIG    a response over the client's size limit
+ *   RG_ESERVER    etcd refused the request (HTTP 4xx/5xx with its message)
+ *   RG_EINVAL     bad arguments
+ *
+ * Keys are C strings; values are byte strings (pointer + length). Every returned string is
+ * NUL-terminated in addition to its length.
+ */
+#ifndef REGROUP_ETCD_H
+#define REGROUP_ETCD_H
+
+#include <regroup/status.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RG_ETCD_NODISCARD __attribute__((warn_unused_result))
+
+typedef uint64_t rg_etcd_deadline_t; /* absolute CLOCK_MONOTONIC ns, 0 = default timeout */
+
+typedef struct rg_etcd rg_etcd_t;
+
+typedef struct {
+    const char *endpoints;  /* "http://127.0.0.1:2379,https://h:2379"; a bare host:port gets
+                               http:// (or https:// when ca_file is set). Required. */
+    const char *user;       /* optional: user and password for etcd auth */
+    const char *password;
+    const char *ca_file;    /* optional TLS: CA bundle to verify the server */
+    const char *cert_file;  /* optional TLS client certificate and key */
+    const char *key_file;
+    int64_t timeout_ms;     /* default per-call timeout; 0 = 5000 */
+    size_t max_response;    /* largest response body accepted; 0 = 64 MiB */
+} rg_etcd_params_t;
+
+/* Creates a client. Does not connect (the first call does). Free with rg_etcd_destroy. */
+rg_status_t rg_etcd_create(const rg_etcd_params_t *params, rg_etcd_t **client_p)
+    RG_ETCD_NODISCARD;
+/* Closes the connection and frees the client. Accepts NULL. */
+void rg_etcd_destroy(rg_etcd_t *client);
+/* The endpoint the last successful call used (owned by the client). */
+const char *rg_etcd_endpoint(const rg_etcd_t *client);
+
+/* ---- key-value ------------------------------------------------------------------------- */
+
+typedef struct {
+    char    *key;            /* NUL-terminated */
+    size_t   key_len;
+    char    *value;          /* NUL-terminated; value_len may include embedded NULs */
+    size_t   value_len;
+    int64_t  create_revision;
+    int64_t  mod_revision;
+    int64_t  version;
+    int64_t  lease;
+} rg_etcd_kv_t;
+
+typedef struct {
+    int64_t       revision;  /* the store's revision when the call was served */
+    rg_etcd_kv_t *kvs;
+    size_t        n_kvs;
+    bool          more;      /* more keys matched than limit returned */
+    int64_t       count;     /* number of keys in the range */
+} rg_etcd_range_t;
+
+typedef struct {
+    const char *key;         /* required */
+    const char *range_end;   /* NULL: the single key (or the prefix, below) */
+    bool        prefix;      /* every key that starts with key */
+    int64_t     limit;       /* 0 = no limit */
+    int64_t     revision;    /* 0 = latest */
+    bool        keys_only;
+    bool        count_only;
+} rg_etcd_range_req_t;
+
+/* Frees what a range result owns (not the struct). Accepts NULL. */
+void rg_etcd_range_cleanup(rg_etcd_range_t *res);
+
+/* Reads keys. On success fills *res (free with rg_etcd_range_cleanup). */
+rg_status_t rg_etcd_range(rg_etcd_t *client, const rg_etcd_range_req_t *req,
+                          rg_etcd_deadline_t deadline, rg_etcd_range_t *res) RG_ETCD_NODISCARD;
+
+/* Reads one key. RG_ENOENT if absent. *value_p is malloc'd, NUL-terminated; caller frees.
+ * mod_revision_p may be NULL. */
+rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_etcd_deadline_t deadline,
+                        char **value_p, size_t *len_p, int64_t *mod_revision_p)
+    RG_ETCD_NODISCARD;
+
+typedef struct {
+    const char *key;
+    const void *value;
+    size_t      value_len;
+    int64_t     lease;       /* 0 = none */
+    bool        prev_kv;     /* return the previous kv */
+} rg_etcd_put_req_t;
+
+typedef struct {
+    int64_t       revision;
+    bool          has_prev;
+    rg_etcd_kv_t  prev;      /* when has_prev */
+} rg_etcd_put_t;
+
+void rg_etcd_put_cleanup(rg_etcd_put_t *res);
+
+/* Writes a key. res may be NULL. */
+rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
+                        rg_etcd_deadline_t deadline, rg_etcd_put_t *res) RG_ETCD_NODISCARD;
+/* Writes a NUL-terminated string value with an optional lease. Returns the revision. */
+rg_status_t rg_etcd_put_str(rg_etcd_t *client, const char *key, const char *value,
+                            int64_t lease, rg_etcd_deadline_t deadline, int64_t *revision_p)
+    RG_ETCD_NODISCARD;
+
+typedef struct {
+    const char *key;
+    const char *range_end;
+    bool        prefix;
+    bool        prev_kv;
+} rg_etcd_delete_req_t;
+
+typedef struct {
+    int64_t       revision;
+    int64_t       deleted;
+    rg_etcd_kv_t *prev_kvs;
+    size_t        n_prev;
+} rg_etcd_delete_t;
+
+void rg_etcd_delete_cleanup(rg_etcd_delete_t *res);
+
+/* Deletes a key or range. res may be NULL. */
+rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
+                           rg_etcd_deadline_t deadline, rg_etcd_delete_t *res)
+    RG_ETCD_NODISCARD;
+
+/* ---- transactions ---------------------------------------------------------------------- */
+
+typedef enum {
+    RG_ETCD_CMP_VALUE,
+    RG_ETCD_CMP_VERSION,
+    RG_ETCD_CMP_CREATE,     /* create_revision; 0 = the key does not exist */
+    RG_ETCD_CMP_MOD,        /* mod_revision */
+    RG_ETCD_CMP_LEASE,
+} rg_etcd_cmp_target_t;
+
+typedef enum {
+    RG_ETCD_EQUAL,
+    RG_ETCD_NOT_EQUAL,
+    RG_ETCD_GREATER,
+    RG_ETCD_LESS,
+} rg_etcd_cmp_result_t;
+
+typedef struct {
+    const char          *key;
+    const char          *range_end;  /* optional */
+    rg_etcd_cmp_target_t target;
+    rg_etcd_cmp_result_t result;
+    int64_t              number;     /* for VERSION, CREATE, MOD, LEASE */
+    const void          *value;      /* for VALUE */
+    size_t               value_len;
+} rg_etcd_cmp_t;
+
+typedef enum {
+    RG_ETCD_OP_RANGE,
+    RG_ETCD_OP_PUT,
+    RG_ETCD_OP_DELETE,
+} rg_etcd_op_type_t;
+
+typedef struct {
+    rg_etcd_op_type_t type;
+    union {
+        rg_etcd_range_req_t  range;
+        rg_etcd_put_req_t    put;
+        rg_etcd_delete_req_t del;
+    } u;
+} rg_etcd_op_t;
+
+typedef struct {
+    rg_etcd_op_type_t type;
+    union {
+        rg_etcd_range_t  range;
+        rg_etcd_put_t    put;
+        rg_etcd_delete_t del;
+    } u;
+} rg_etcd_op_result_t;
+
+typedef struct {
+    int64_t              revision;
+    bool                 succeeded;  /* the compares held: the success branch ran */
+    rg_etcd_op_result_t *results;    /* one per op of the branch that ran */
+    size_t               n_results;
+} rg_etcd_txn_t;
+
+void rg_etcd_txn_cleanup(rg_etcd_txn_t *res);
+
+/* Runs a transaction. A failed compare is not an error: res->succeeded tells. At most 128
+ * ops per branch (etcd's limit). */
+rg_status_t rg_etcd_txn(rg_etcd_t *client, const rg_etcd_cmp_t *cmps, size_t n_cmps,
+                        const rg_etcd_op_t *success, size_t n_success,
+                        const rg_etcd_op_t *failure, size_t n_failure,
+                        rg_etcd_deadline_t deadline, rg_etcd_txn_t *res) RG_ETCD_NODISCARD;
+
+/* ---- leases ---------------------------------------------------------------------------- */
+
+/* Grants a lease of ttl_s seconds (etcd raises it to its minimum, 2 s by default).
+ * *ttl_granted_p may be NULL. */
+rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_etcd_deadline_t deadline,
+                                int64_t *lease_p, int64_t *ttl_granted_p) RG_ETCD_NODISCARD;
+/* Renews a lease once. RG_ELEASE if the lease has expired or does not exist. */
+rg_status_t rg_etcd_lease_keepalive(rg_etcd_t *client, int64_t lease,
+                                    rg_etcd_deadline_t deadline, int64_t *ttl_p)
+    RG_ETCD_NODISCARD;
+/* Revokes a lease: its keys are deleted at once. RG_ELEASE if it was already gone. */
+rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline)
+    RG_ETCD_NODISCARD;
+/* Remaining seconds of a lease (RG_ELEASE if expired or unknown); granted_p may be NULL. */
+rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline,
+                              int64_t *ttl_p, int64_t *granted_p) RG_ETCD_NODISCARD;
+
+/*
+ * A background thread that renews a lease every ttl/3 on its own connection. When a renewal
+ * finds the lease gone, or renewals keep failing until the lease must have expired, the keeper
+ * marks it lost: rg_etcd_keeper_lost() turns true and the keeper's fd becomes readable.
+ */
+typedef struct rg_etcd_keeper rg_etcd_keeper_t;
+
+rg_status_t rg_etcd_keeper_start(const rg_etcd_params_t *params, int64_t lease, int64_t ttl_s,
+                                 rg_etcd_keeper_t **keeper_p) RG_ETCD_NODISCARD;
+bool rg_etcd_keeper_lost(rg_etcd_keeper_t *keeper);
+int  rg_etcd_keeper_fd(rg_etcd_keeper_t *keeper);   /* readable once the lease is lost */
+/* Stops the thread (within ~the client timeout). Does not revoke. Accepts NULL. */
+void rg_etcd_keeper_stop(rg_etcd_keeper_t *keeper);
+
+/* ---- watch ----------------------------------------------------------------------------- */
+
+typedef enum {
+    RG_ETCD_EVENT_PUT,
+    RG_ETCD_EVENT_DELETE,
+} rg_etcd_event_type_t;
+
+typedef struct {
+    rg_etcd_event_type_t type;
+    rg_etcd_kv_t         kv;       /* for DELETE: key and mod_revision */
+    bool                 has_prev;
+    rg_etcd_kv_t         prev_kv;  /* when the watch asked for prev_kv */
+} rg_etcd_event_t;
+
+typedef struct {
+    const char *key;
+    const char *range_end;
+    bool        prefix;
+    int64_t     start_revision;  /* 0 = from now */
+    bool        prev_kv;
+} rg_etcd_watch_req_t;
+
+typedef struct rg_etcd_watch rg_etcd_watch_t;
+
+/*
+ * Starts a watch on its own connection and thread. Returns once etcd has confirmed it (or
+ * the deadline passed). Events arrive in revision order; if the connection drops or the
+ * member dies, the watch resumes from the last delivered revision + 1 on any endpoint, so no
+ * event is lost or repeated. If the resume revision has been compacted, rg_etcd_watch_next
+ * returns RG_ECOMPACTED (and the compact revision) and the watch is over.
+ */
+rg_status_t rg_etcd_watch_create(const rg_etcd_params_t *params, const rg_etcd_watch_req_t *req,
+                                 rg_etcd_deadline_t deadline, rg_etcd_watch_t **watch_p)
+    RG_ETCD_NODISCARD;
+
+/*
+ * Takes the next event, waiting until the deadline (0 = do not wait).
+ * RG_OK: *ev filled (free with rg_etcd_event_cleanup). RG_ETIMEDOUT: none yet.
+ * RG_ECOMPACTED: the watch can no longer resume; *compact_revision_p (may be NULL) says where
+ * to re-list from. Other errors are final for this watch.
+ */
+rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *watch, rg_etcd_deadline_t deadline,
+                               rg_etcd_event_t *ev, int64_t *compact_revision_p)
+    RG_ETCD_NODISCARD;
+/* A file descriptor that is readable while events (or a final error) are queued. */
+int  rg_etcd_watch_fd(rg_etcd_watch_t *watch);
+/* The revision up to which events have been taken by rg_etcd_watch_next. */
+int64_t rg_etcd_watch_revision(rg_etcd_watch_t *watch);
+void rg_etcd_event_cleanup(rg_etcd_event_t *ev);
+/* Closes the stream, stops the thread and frees the watch. Accepts NULL. */
+void rg_etcd_watch_destroy(rg_etcd_watch_t *watch);
+
+/* Frees what a kv owns. */
+void rg_etcd_kv_cleanup(rg_etcd_kv_t *kv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

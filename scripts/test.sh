@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds regroup twice (plain, and with ASan+UBSan) and runs every
+# test through ctest in both builds. Exits non-zero if anything fails.
+#   REGROUP_JOBS=N   parallel build jobs (default: number of cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+jobs=${REGROUP_JOBS:-$(nproc)}
+status=0
+for variant in plain sanitize; do
+    dir=build-test-$variant
+    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo)
+    [[ $variant == sanitize ]] && flags+=(-DREGROUP_SANITIZE=ON)
+    echo "== $variant build =="
+    cmake -S . -B "$dir" "${flags[@]}" >/dev/null
+    cmake --build "$dir" -j "$jobs" >/dev/null
+    echo "== $variant tests =="
+    if ! (cd "$dir" && ctest --output-on-failure -j 1); then
+        status=1
+    fi
+done
+exit $status
