@@ -252,6 +252,9 @@ static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, cons
 {
     struct curl_slist *headers = NULL;
     int64_t left = rg_deadline_left_ms(deadline);
+    /* With other endpoints to try, one that hangs (a member cut off from its leader) may
+     * take only part of the time left. */
+    int64_t attempt_ms = conn->n_urls > 1 ? RG_MAX(left / 2, RG_MIN(left, 1000)) : left;
     CURLcode rc;
     rg_status_t st;
 
@@ -269,7 +272,7 @@ static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, cons
     curl_easy_setopt(conn->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(conn->easy, CURLOPT_WRITEFUNCTION, write_cb);
     curl_easy_setopt(conn->easy, CURLOPT_WRITEDATA, &conn->resp);
-    curl_easy_setopt(conn->easy, CURLOPT_TIMEOUT_MS, (long)left);
+    curl_easy_setopt(conn->easy, CURLOPT_TIMEOUT_MS, (long)attempt_ms);
     curl_easy_setopt(conn->easy, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)RG_MIN(left, (int64_t)ETCD_CONNECT_TIMEOUT_MS));
     rc = curl_easy_perform(conn->easy);

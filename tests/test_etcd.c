@@ -391,7 +391,8 @@ START_TEST(test_cluster_failover)
     ck_assert_int_eq(rg_test_etcd_cluster_start(&cl, 3,
                      "--heartbeat-interval=50 --election-timeout=500"), 0);
     rg_etcd_params_t p = params_for(cl.endpoints);
-    p.timeout_ms = 5000;
+    /* Killing the leader costs an election (500 ms here, longer on a loaded machine). */
+    p.timeout_ms = 10000;
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
     put(c, "/f/k", "0");
     rg_etcd_watch_req_t wr = {.key = "/f/", .prefix = true};
