@@ -886,13 +886,22 @@ rg_status_t rg_rdzv_report_failure(rg_rdzv_t *z, const rg_rdzv_failure_t *f)
     rg_status_t st;
 
     key_of(z, key, "failures/%d/%s", z->cur.round, z->agent);
+    /* torchrun's error file: {"message": {"message": "...", "extraInfo": {...}}} or
+     * {"message": "..."}; anything else is shown as it is. */
+    json_t *ej = f->error ? json_loads(f->error, 0, NULL) : NULL;
+    json_t *em = json_object_get(ej, "message");
+    const char *error = json_string_value(em) ? json_string_value(em)
+                        : json_string_value(json_object_get(em, "message"))
+                            ? json_string_value(json_object_get(em, "message"))
+                            : f->error;
     d = json_pack("{s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:s, s:s}", "round", z->cur.round,
                   "agent", z->agent, "addr", z->addr, "rank", f->rank, "local_rank",
                   f->local_rank, "exit_code", f->exit_code, "signal", f->signal, "time",
-                  rg_wall_s(), "error", f->error ? f->error : "", "stderr_tail",
+                  rg_wall_s(), "error", error ? error : "", "stderr_tail",
                   f->stderr_tail ? f->stderr_tail : "");
     text = d ? json_dumps(d, JSON_COMPACT) : NULL;
     json_decref(d);
+    json_decref(ej);
     if (text == NULL) {
         return rg_error(RG_ENOMEM, "rendezvous: failure record");
     }

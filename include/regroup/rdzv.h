@@ -122,6 +122,11 @@ rg_status_t rg_rdzv_done(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
 /* Revokes the lease so the other agents see this node gone at once. */
 rg_status_t rg_rdzv_leave(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
 
+/* Prints a job's state from etcd (round, members and ranks, waiting nodes, restarts,
+ * failures, progress, last checkpoint) for `regroup status`. RG_ENOENT: no such job. */
+rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job, FILE *out)
+    RG_ETCD_NODISCARD;
+
 /* Prints every failure the job recorded as a table (for the end of a failed job). */
 void rg_rdzv_print_failures(rg_rdzv_t *rdzv, FILE *out);
 
