@@ -262,7 +262,8 @@ int launcher_agent_main(const launcher_config_t *cfg)
             goto out;
         }
         snprintf(ag.endpoints, sizeof(ag.endpoints), "%s", etcd->endpoints);
-        rg_info("--standalone: private etcd at %s (pid %d)", etcd->endpoints, (int)etcd->pid[0]);
+        rg_info("--standalone: private etcd at %s (pid %d, data %s)", etcd->endpoints,
+                (int)etcd->pid[0], etcd->root);
     } else {
         snprintf(ag.endpoints, sizeof(ag.endpoints), "%s", cfg->endpoint);
     }
