@@ -70,6 +70,19 @@ void fmnist_adam_step(fmnist_adam_t *adam, float *params, const float *grads)
     }
 }
 
+void fmnist_adam_set_lr(fmnist_adam_t *adam, float lr)
+{
+    adam->cfg.lr = lr;
+}
+
+float fmnist_lr_cosine(float base, uint64_t step, uint64_t total)
+{
+    if (total == 0 || step >= total) {
+        return 0.0f;
+    }
+    return (float)((double)base * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total)));
+}
+
 float *fmnist_adam_state(fmnist_adam_t *adam)
 {
     return adam->state;

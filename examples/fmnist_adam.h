@@ -30,6 +30,14 @@ void        fmnist_adam_destroy(fmnist_adam_t *adam); /* accepts NULL */
 /* One update: t += 1, then params -= lr * mhat / (sqrt(vhat) + eps), elementwise. */
 void fmnist_adam_step(fmnist_adam_t *adam, float *params, const float *grads);
 
+/* Changes the learning rate for the following steps (for a schedule). */
+void     fmnist_adam_set_lr(fmnist_adam_t *adam, float lr);
+
+/* Cosine decay: base * (1 + cos(pi * step / total)) / 2, from base at step 0 to 0 at total
+ * (and 0 past it). A pure function of the global step, so a resumed job continues the same
+ * schedule. */
+float fmnist_lr_cosine(float base, uint64_t step, uint64_t total);
+
 float   *fmnist_adam_state(fmnist_adam_t *adam); /* 2 * n floats, owned by the optimizer */
 uint64_t fmnist_adam_steps(const fmnist_adam_t *adam);
 void     fmnist_adam_set_steps(fmnist_adam_t *adam, uint64_t t); /* when restoring state */

@@ -1,7 +1,8 @@
 /*
  * The MLP's forward and backward passes. All matrix products go through cblas_sgemm on
  * row-major buffers; the element-wise parts (bias, ReLU, softmax) are plain loops.
- * With X [n x in], H = relu(X w1 + b1) [n x hid], Z = H w2 + b2 [n x cls], P = softmax(Z):
+ * With X [n x in] the standardized inputs, H = relu(X w1 + b1) [n x hid],
+ * Z = H w2 + b2 [n x cls] and P = softmax(Z):
  *   dZ = (P - onehot(y)) / denom,   dw2 = H^T dZ,   db2 = colsum(dZ),
  *   dH = (dZ w2^T) * [H > 0],       dw1 = X^T dH,   db1 = colsum(dH).
  */
@@ -26,19 +27,22 @@ struct fmnist_mlp {
     float              *dh; /* their gradient */
     float              *z;  /* logits, then P, then dZ in place */
     float              *x;  /* inputs for evaluate_dataset */
+    float              *xs; /* standardized inputs of the last forward pass */
 };
 
 fmnist_mlp_config_t fmnist_mlp_default_config(uint32_t max_batch)
 {
     fmnist_mlp_config_t c = {.inputs = 784, .hidden = 256, .classes = 10,
-                             .max_batch = max_batch};
+                             .max_batch = max_batch, .input_mean = 0.2860f,
+                             .input_std = 0.3530f};
     return c;
 }
 
 rg_status_t fmnist_mlp_create(const fmnist_mlp_config_t *cfg, fmnist_mlp_t **model_p)
 {
     if (cfg == NULL || model_p == NULL || cfg->inputs == 0 || cfg->hidden == 0 ||
-        cfg->classes == 0 || cfg->max_batch == 0 || cfg->classes > 256) {
+        cfg->classes == 0 || cfg->max_batch == 0 || cfg->classes > 256 ||
+        !(cfg->input_std > 0.0f)) {
         return rg_error(RG_EINVAL, "fmnist_mlp_create: bad configuration");
     }
     fmnist_mlp_t *m = calloc(1, sizeof(*m));
@@ -61,8 +65,9 @@ rg_status_t fmnist_mlp_create(const fmnist_mlp_config_t *cfg, fmnist_mlp_t **mod
     m->dh = malloc(mb * hid * sizeof(float));
     m->z = malloc(mb * cls * sizeof(float));
     m->x = malloc(mb * in * sizeof(float));
+    m->xs = malloc(mb * in * sizeof(float));
     if (m->params == NULL || m->grads == NULL || m->h == NULL || m->dh == NULL ||
-        m->z == NULL || m->x == NULL) {
+        m->z == NULL || m->x == NULL || m->xs == NULL) {
         fmnist_mlp_destroy(m);
         return rg_error(RG_ENOMEM, "no memory for a model of %zu parameters", m->nparams);
     }
@@ -81,6 +86,7 @@ void fmnist_mlp_destroy(fmnist_mlp_t *model)
     free(model->dh);
     free(model->z);
     free(model->x);
+    free(model->xs);
     free(model);
 }
 
@@ -167,11 +173,17 @@ static rg_status_t mlp_forward(fmnist_mlp_t *m, const float *x, const uint8_t *l
     if (n == 0) {
         return RG_OK;
     }
+    /* Standardize into xs, which the backward pass reads for dw1. */
+    const float shift = m->cfg.input_mean;
+    const float scale = 1.0f / m->cfg.input_std;
+    for (size_t k = 0; k < n * (size_t)in; k++) {
+        m->xs[k] = (x[k] - shift) * scale;
+    }
     /* H = relu(X w1 + b1): start from the bias rows, then accumulate the product. */
     for (size_t i = 0; i < n; i++) {
         memcpy(m->h + i * (size_t)hid, p + m->o_b1, (size_t)hid * sizeof(float));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, hid, in, 1.0f, x, in,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, hid, in, 1.0f, m->xs, in,
                 p + m->o_w1, hid, 1.0f, m->h, hid);
     for (size_t k = 0; k < n * (size_t)hid; k++) {
         m->h[k] = m->h[k] > 0.0f ? m->h[k] : 0.0f;
@@ -259,8 +271,8 @@ rg_status_t fmnist_mlp_grad(fmnist_mlp_t *model, const float *x, const uint8_t *
     for (size_t k = 0; k < n * (size_t)hid; k++) {
         m->dh[k] = m->h[k] > 0.0f ? m->dh[k] : 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, hid, (int)n, 1.0f, x, in, m->dh,
-                hid, 0.0f, g + m->o_w1, hid);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, hid, (int)n, 1.0f, m->xs, in,
+                m->dh, hid, 0.0f, g + m->o_w1, hid);
     colsum(m->dh, n, (size_t)hid, g + m->o_b1);
     *loss_sum_p = loss;
     return RG_OK;

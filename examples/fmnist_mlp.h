@@ -26,13 +26,16 @@
 #include <stdint.h>
 
 typedef struct {
-    uint32_t inputs;    /* 784 for Fashion-MNIST */
-    uint32_t hidden;    /* 256 */
-    uint32_t classes;   /* 10 */
-    uint32_t max_batch; /* the most samples passed to one grad/evaluate call */
+    uint32_t inputs;     /* 784 for Fashion-MNIST */
+    uint32_t hidden;     /* 256 */
+    uint32_t classes;    /* 10 */
+    uint32_t max_batch;  /* the most samples passed to one grad/evaluate call */
+    float    input_mean; /* the model's first operation: x' = (x - input_mean) / input_std */
+    float    input_std;  /* (0 and 1 leave inputs as they are) */
 } fmnist_mlp_config_t;
 
-/* The 784-256-10 model with the given largest batch. */
+/* The 784-256-10 model with the given largest batch, standardizing its inputs by the mean and
+ * standard deviation of Fashion-MNIST's training pixels (0.2860, 0.3530 on the [0, 1] scale). */
 fmnist_mlp_config_t fmnist_mlp_default_config(uint32_t max_batch);
 
 typedef struct {

@@ -19,7 +19,8 @@
 
 static fmnist_mlp_t *tiny_model(uint32_t max_batch)
 {
-    fmnist_mlp_config_t cfg = {.inputs = 7, .hidden = 6, .classes = 4, .max_batch = max_batch};
+    fmnist_mlp_config_t cfg = {.inputs = 7, .hidden = 6, .classes = 4, .max_batch = max_batch,
+                               .input_mean = 0.3f, .input_std = 0.5f};
     fmnist_mlp_t       *m = NULL;
     ck_assert_int_eq(fmnist_mlp_create(&cfg, &m), RG_OK);
     fmnist_mlp_init(m, 3);
@@ -165,6 +166,9 @@ START_TEST(test_adam_step)
     ck_assert_float_eq_tol(fmnist_adam_state(a)[1], -0.2f, 1e-6f);
     ck_assert_float_eq_tol(fmnist_adam_state(a)[3 + 1], 0.004f, 1e-7f);
     fmnist_adam_destroy(a);
+    ck_assert_float_eq(fmnist_lr_cosine(0.5f, 0, 100), 0.5f);
+    ck_assert_float_eq_tol(fmnist_lr_cosine(0.5f, 50, 100), 0.25f, 1e-6f);
+    ck_assert_float_eq(fmnist_lr_cosine(0.5f, 100, 100), 0.0f);
     cfg.lr = 0.0f;
     ck_assert_int_eq(fmnist_adam_create(3, &cfg, &a), RG_EINVAL);
 }
