@@ -156,6 +156,56 @@ START_TEST(test_loader_destroy_states)
 }
 END_TEST
 
+/*
+ * A passed deadline gives RG_ETIMEDOUT when no batch is ready and never loses or reorders a
+ * batch. Big batches make the thread slow enough that the first calls usually time out; the
+ * check holds whichever way each call goes.
+ */
+START_TEST(test_loader_timeout_keeps_order)
+{
+    enum { BN = 4096, BRS = 784, BB = 1024 };
+    uint8_t *rec = calloc((size_t)BN * BRS, 1);
+    uint8_t *lab = calloc(BN, 1);
+    for (size_t i = 0; i < (size_t)BN * BRS; i++) {
+        rec[i] = (uint8_t)(i * 31);
+    }
+    rg_dataset_t *ds = NULL;
+    ck_assert_int_eq(rg_dataset_create(rec, lab, BN, BRS, &ds), RG_OK);
+    free(rec);
+    free(lab);
+    rg_sampler_params_t p = {.num_samples = BN, .batch_size = BB, .drop_last = false};
+    rg_sampler_t       *sampler = NULL;
+    ck_assert_int_eq(rg_sampler_create(&p, &sampler), RG_OK);
+    rg_data_cursor_t c = rg_data_cursor_start(4);
+    rg_loader_t     *l = NULL;
+    ck_assert_int_eq(rg_loader_create(ds, &p, 1, 2, &c, &l), RG_OK);
+    int      timeouts = 0;
+    uint32_t want[BB];
+    for (int got = 0, calls = 0; got < 6 && calls < 1000000; calls++) {
+        const rg_batch_t *b = NULL;
+        rg_status_t       st = rg_loader_next(l, 1, &b); /* 1 ns after boot: long passed */
+        if (st == RG_ETIMEDOUT) {
+            timeouts++;
+            continue;
+        }
+        ck_assert_int_eq(st, RG_OK);
+        size_t cnt;
+        ck_assert_int_eq(rg_sampler_ids(sampler, &c, 1, 2, want, BB, &cnt), RG_OK);
+        ck_assert_mem_eq(&b->cursor, &c, sizeof(c));
+        ck_assert_uint_eq(b->count, cnt);
+        ck_assert_mem_eq(b->ids, want, cnt * sizeof(uint32_t));
+        rg_sampler_advance(sampler, &c);
+        got++;
+    }
+    ck_assert_uint_eq(c.epoch, 1);
+    ck_assert_uint_eq(c.step, 2);
+    rg_loader_destroy(l);
+    rg_sampler_destroy(sampler);
+    rg_dataset_destroy(ds);
+    (void)timeouts;
+}
+END_TEST
+
 START_TEST(test_loader_bad_arguments)
 {
     rg_dataset_t       *ds = make_dataset();
@@ -180,6 +230,7 @@ int main(void)
     tcase_add_test(tc, test_loader_matches_sampler);
     tcase_add_test(tc, test_loader_resize_exactly_once);
     tcase_add_test(tc, test_loader_destroy_states);
+    tcase_add_test(tc, test_loader_timeout_keeps_order);
     tcase_add_test(tc, test_loader_bad_arguments);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
