@@ -36,9 +36,9 @@ typedef struct rg_dataset rg_dataset_t;
 
 /*
  * Reads a pair of IDX files (the MNIST format, gzip-compressed or plain; zlib reads both):
- * images_path holds unsigned bytes of 2 or more dimensions (magic 0x00000803 for n x rows x
+ * images_path holds unsigned bytes of 2 to 4 dimensions (magic 0x00000803 for n x rows x
  * cols), labels_path holds n unsigned bytes (magic 0x00000801). Each record is one image, its
- * bytes in file order. Blocks on file I/O. Not thread-safe with respect to *ds_p only.
+ * bytes in file order. Blocks on file I/O; safe from any thread.
  * Returns RG_ENOENT (missing file), RG_EIO (read error), RG_ECORRUPT (wrong magic, bad
  * dimensions, truncated data, trailing data, a failed gzip checksum, counts that differ
  * between the files), RG_ETOOBIG (past RG_DATASET_MAX_BYTES / _RECORDS), RG_ENOMEM.
@@ -49,7 +49,8 @@ rg_status_t rg_dataset_open_idx(const char *images_path, const char *labels_path
 
 /*
  * Makes a dataset from memory: copies n records of record_size bytes and n labels. Useful
- * for tests and for subsets (rg_dataset_records() of another dataset). Does not block.
+ * for tests and for subsets (rg_dataset_records() of another dataset). Does not block;
+ * safe from any thread.
  * Returns RG_EINVAL (n == 0, record_size == 0, NULL arrays), RG_ETOOBIG, RG_ENOMEM.
  */
 rg_status_t rg_dataset_create(const uint8_t *records, const uint8_t *labels, size_t n,
