@@ -182,9 +182,10 @@ rg_status_t ckpt_read_file(const char *path, size_t max, char **buf_p, size_t *l
 /* Removes a step directory: MANIFEST first (so a crash leaves it uncommitted), then the
  * files in it, then the directory. */
 rg_status_t ckpt_remove_step_dir(const char *path);
-/* Test hook: REGROUP_CKPT_KILL_AFTER_BYTES=N raises SIGKILL once N bytes have been written
- * by this process's checkpoint writers (checked at every write and at every fault point
- * before an fsync or rename). Unset: no effect. */
+/* Test hooks, read once per process: REGROUP_CKPT_KILL_AFTER_BYTES=N raises SIGKILL once N
+ * bytes have been written by this process's checkpoint writers (checked at every write and
+ * at every fault point); REGROUP_CKPT_KILL_AT_POINT=K raises it at the K-th fault point
+ * (before every fsync and rename). Unset: no effect. */
 void ckpt_fault_point(void);
 
 /* ---- naming ---------------------------------------------------------------------------- */

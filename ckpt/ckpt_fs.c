@@ -20,7 +20,9 @@
 
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 static int64_t fault_kill_after = -1;
+static int64_t fault_kill_point = -1;
 static _Atomic int64_t fault_written;
+static _Atomic int64_t fault_points;
 
 static void fault_init(void)
 {
@@ -29,12 +31,19 @@ static void fault_init(void)
     if (env != NULL && rg_parse_i64(env, &v) && v >= 0) {
         fault_kill_after = v;
     }
+    env = getenv("REGROUP_CKPT_KILL_AT_POINT");
+    if (env != NULL && rg_parse_i64(env, &v) && v >= 1) {
+        fault_kill_point = v;
+    }
 }
 
 void ckpt_fault_point(void)
 {
     pthread_once(&fault_once, fault_init);
     if (fault_kill_after >= 0 && atomic_load(&fault_written) >= fault_kill_after) {
+        raise(SIGKILL);
+    }
+    if (fault_kill_point >= 0 && atomic_fetch_add(&fault_points, 1) + 1 >= fault_kill_point) {
         raise(SIGKILL);
     }
 }
