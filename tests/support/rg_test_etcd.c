@@ -149,13 +149,19 @@ static int start_member(rg_test_etcd_t *e, int i, const char *state)
         snprintf(cluster + l, sizeof(cluster) - l, "%s%s=http://127.0.0.1:%d", j ? "," : "",
                  e->name[j], e->peer_port[j]);
     }
+    char tls[600] = "";
+    const char *scheme = e->cert[0] ? "https" : "http";
+    if (e->cert[0]) {
+        snprintf(tls, sizeof(tls), "--cert-file %s --key-file %s", e->cert, e->key);
+    }
     snprintf(cmd, sizeof(cmd),
-             "etcd --name %s --data-dir %s/%s.data "
-             "--listen-client-urls http://127.0.0.1:%d --advertise-client-urls http://127.0.0.1:%d "
+             "etcd --name %s --data-dir %s/%s.data %s "
+             "--listen-client-urls %s://127.0.0.1:%d --advertise-client-urls %s://127.0.0.1:%d "
              "--listen-peer-urls http://127.0.0.1:%d --initial-advertise-peer-urls "
              "http://127.0.0.1:%d --initial-cluster %s --initial-cluster-state %s "
              "--initial-cluster-token rgtest --logger zap --log-level warn %s",
-             e->name[i], e->root, e->name[i], e->client_port[i], e->client_port[i],
+             e->name[i], e->root, e->name[i], tls, scheme, e->client_port[i], scheme,
+             e->client_port[i],
              e->peer_port[i], e->peer_port[i], cluster, state, e->extra);
     snprintf(log_path, sizeof(log_path), "%s/%s.log", e->root, e->name[i]);
     split_args(cmd, argv, MAX_ARGS);
@@ -176,9 +182,33 @@ static bool member_alive(rg_test_etcd_t *e, int i)
     return true;
 }
 
-static int start_all(rg_test_etcd_t *e, int n, const char *extra)
+/* TCP connect only: used for TLS members, which the raw health probe cannot speak to. */
+static bool port_open(int port, int timeout_ms)
+{
+    long long deadline = now_ms() + timeout_ms;
+    while (now_ms() < deadline) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            close(fd);
+            return true;
+        }
+        if (fd >= 0) {
+            close(fd);
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+static int start_all(rg_test_etcd_t *e, int n, const char *extra, const char *cert,
+                     const char *key)
 {
     memset(e, 0, sizeof(*e));
+    snprintf(e->cert, sizeof(e->cert), "%s", cert ? cert : "");
+    snprintf(e->key, sizeof(e->key), "%s", key ? key : "");
     e->n = n;
     snprintf(e->extra, sizeof(e->extra), "%s", extra ? extra : "");
     snprintf(e->root, sizeof(e->root), "%s/rg-etcd-XXXXXX",
@@ -191,7 +221,8 @@ static int start_all(rg_test_etcd_t *e, int n, const char *extra)
         snprintf(e->name[i], sizeof(e->name[i]), "m%d", i);
         e->client_port[i] = rg_test_free_port();
         e->peer_port[i] = rg_test_free_port();
-        snprintf(e->url[i], sizeof(e->url[i]), "http://127.0.0.1:%d", e->client_port[i]);
+        snprintf(e->url[i], sizeof(e->url[i]), "%s://127.0.0.1:%d", e->cert[0] ? "https" : "http",
+                 e->client_port[i]);
         size_t l = strlen(e->endpoints);
         snprintf(e->endpoints + l, sizeof(e->endpoints) - l, "%s%s", i ? "," : "", e->url[i]);
     }
@@ -201,7 +232,9 @@ static int start_all(rg_test_etcd_t *e, int n, const char *extra)
         }
     }
     for (int i = 0; i < n; i++) {
-        if (!rg_test_etcd_wait_ready(e->url[i], START_TIMEOUT_MS) || !member_alive(e, i)) {
+        bool ready = e->cert[0] ? port_open(e->client_port[i], START_TIMEOUT_MS)
+                                : rg_test_etcd_wait_ready(e->url[i], START_TIMEOUT_MS);
+        if (!ready || !member_alive(e, i)) {
             fprintf(stderr, "rg_test_etcd: member %s did not become ready (log %s/%s.log)\n",
                     e->name[i], e->root, e->name[i]);
             goto fail;
@@ -213,11 +246,21 @@ fail:
     return -1;
 }
 
+int rg_test_etcd_start_tls(rg_test_etcd_t *e, const char *cert, const char *key)
+{
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (start_all(e, 1, NULL, cert, key) == 0) {
+            return 0;
+        }
+    }
+    return -1;
+}
+
 int rg_test_etcd_start(rg_test_etcd_t *e, const char *extra_flags)
 {
     /* A port picked free can be taken before etcd binds it: try a few times. */
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, extra_flags) == 0) {
+        if (start_all(e, 1, extra_flags, NULL, NULL) == 0) {
             return 0;
         }
     }
@@ -230,7 +273,7 @@ int rg_test_etcd_cluster_start(rg_test_etcd_t *e, int n, const char *extra_flags
         return -1;
     }
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, n, extra_flags) == 0) {
+        if (start_all(e, n, extra_flags, NULL, NULL) == 0) {
             return 0;
         }
     }

@@ -25,6 +25,8 @@ typedef struct {
     char  endpoints[512];             /* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." */
     char  url[RG_TEST_ETCD_MAX][64];  /* each member's client URL */
     char  extra[512];                 /* extra flags the members were started with */
+    char  cert[256];                  /* TLS: server certificate and key, "" for plain http */
+    char  key[256];
 } rg_test_etcd_t;
 
 /* A free TCP port on 127.0.0.1 (bound and released: another process could take it later,
@@ -34,6 +36,8 @@ int rg_test_free_port(void);
 /* Starts a one-member etcd. extra_flags may be NULL. Returns 0, or -1 with a message on
  * stderr. */
 int rg_test_etcd_start(rg_test_etcd_t *e, const char *extra_flags);
+/* Starts a one-member etcd serving clients over TLS with the given certificate and key. */
+int rg_test_etcd_start_tls(rg_test_etcd_t *e, const char *cert, const char *key);
 /* Starts an n-member cluster on loopback and waits for all members and a leader. */
 int rg_test_etcd_cluster_start(rg_test_etcd_t *e, int n, const char *extra_flags);
 /* Kills member i with signal sig and reaps it. */

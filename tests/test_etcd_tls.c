@@ -1,0 +1,101 @@
+/* The etcd client over TLS: a CA made for the test, a server certificate for 127.0.0.1. */
+#include "rg_common.h"
+#include "rg_test_etcd.h"
+
+#include <regroup/etcd.h>
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[256];
+
+static void make_certs(void)
+{
+    char cmd[2048];
+    snprintf(dir, sizeof(dir), "/tmp/rg-tls-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "(cd %s && "
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rg-test-ca "
+             "-keyout ca.key -out ca.pem && "
+             "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout srv.key "
+             "-out srv.csr && "
+             "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' "
+             "> ext.cnf && "
+             "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+             "-extfile ext.cnf -out srv.pem && "
+             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+             "-keyout other.key -out other.pem) >/dev/null 2>&1",
+             dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void remove_certs(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_tls_round_trip)
+{
+    rg_test_etcd_t srv;
+    char cert[300];
+    char key[300];
+    char ca[300];
+    char other[300];
+    rg_etcd_t *c;
+    rg_status_t st = RG_ETIMEDOUT;
+
+    make_certs();
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    snprintf(other, sizeof(other), "%s/other.pem", dir);
+    ck_assert_int_eq(rg_test_etcd_start_tls(&srv, cert, key), 0);
+
+    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .timeout_ms = 3000};
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    /* The port is open before the member has elected itself: retry, within a bound. */
+    for (int i = 0; i < 100 && st != RG_OK; i++) {
+        st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+        if (st != RG_OK) {
+            rg_sleep_ms(50);
+        }
+    }
+    ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    char *v;
+    size_t len;
+    ck_assert_int_eq(rg_etcd_get(c, "/tls/k", 0, &v, &len, NULL), RG_OK);
+    ck_assert_str_eq(v, "v");
+    free(v);
+    rg_etcd_destroy(c);
+
+    /* A CA that did not sign the server's certificate: refused, and said so. */
+    p.ca_file = other;
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+    ck_assert_msg(st == RG_EAUTH, "%s: %s", rg_status_name(st), rg_last_error());
+    ck_assert_msg(strstr(rg_last_error(), "TLS") != NULL, "%s", rg_last_error());
+    rg_etcd_destroy(c);
+
+    rg_test_etcd_stop(&srv);
+    remove_certs();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("etcd_tls");
+    TCase *tc = tcase_create("tls");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_tls_round_trip);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
