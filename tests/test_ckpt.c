@@ -3,6 +3,8 @@
 #include "rg_common.h"
 
 #include <regroup/ckpt.h>
+#include <regroup/etcd.h>
+#include <rg_test_etcd.h>
 
 #include <check.h>
 #include <fcntl.h>
@@ -499,6 +501,46 @@ START_TEST(test_write_error_surfaces_on_handle)
 }
 END_TEST
 
+START_TEST(test_commit_recorded_in_etcd)
+{
+    rg_test_etcd_t srv;
+    rg_etcd_params_t ep;
+    rg_etcd_t *cli;
+    rg_ckpt_params_t params = {.root = root, .rank = 0, .world_size = 1, .job = "job-7"};
+    rg_ckpt_t *ck;
+    rg_ckpt_save_t *sv;
+    char *value = NULL;
+    size_t len = 0;
+
+    ck_assert_int_eq(rg_test_etcd_start(&srv, NULL), 0);
+    ep = (rg_etcd_params_t){.endpoints = srv.endpoints, .timeout_ms = 3000};
+    ck_assert_int_eq(rg_etcd_create(&ep, &cli), RG_OK);
+    params.etcd = cli;
+    ck_assert_int_eq(rg_ckpt_create(&params, &ck), RG_OK);
+    for (int64_t s = 3; s <= 4; s++) {
+        ck_assert_int_eq(save_model(ck, 0, 1, s, 0, &sv), RG_OK);
+        ck_assert_msg(rg_ckpt_save_wait(sv, deadline_s(30)) == RG_OK, "%s", rg_last_error());
+        rg_ckpt_save_release(sv);
+        ck_assert_int_eq(rg_etcd_get(cli, "/regroup/job-7/ckpt/latest", 0, &value, &len, NULL),
+                         RG_OK);
+        ck_assert_int_eq(strtoll(value, NULL, 10), s);
+        free(value);
+    }
+    /* etcd gone: the step is committed on disk, and the handle says etcd failed. */
+    rg_test_etcd_stop(&srv);
+    ck_assert_int_eq(save_model(ck, 0, 1, 5, 0, &sv), RG_OK);
+    ck_assert_int_ne(rg_ckpt_save_wait(sv, deadline_s(60)), RG_OK);
+    ck_assert_msg(strstr(rg_last_error(), "committed on disk but not in etcd") != NULL, "%s",
+                  rg_last_error());
+    rg_ckpt_save_release(sv);
+    rg_ckpt_destroy(ck);
+    rg_etcd_destroy(cli);
+    check_load_as(0, 1, 5, 0);
+    params.job = NULL;
+    ck_assert_int_eq(rg_ckpt_create(&params, &ck), RG_EINVAL);     /* etcd needs a job */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt");
@@ -519,6 +561,7 @@ int main(void)
     tcase_add_test(tc, test_skip_if_busy_and_commit_timeout);
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_write_error_surfaces_on_handle);
+    tcase_add_test(tc, test_commit_recorded_in_etcd);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
