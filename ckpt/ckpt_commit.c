@@ -149,7 +149,9 @@ rg_status_t ckpt_commit(const ckpt_commit_args_t *a)
         }
     }
 #endif
+    rg_debug("step %" PRId64 " manifest and etcd done", a->step);
     commit_cleanup(a);
+    rg_debug("step %" PRId64 " retention done", a->step);
 out_free:
     free(m.shards);
     free(have);

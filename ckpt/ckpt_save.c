@@ -159,11 +159,12 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
                           p->staging_bytes);
             goto err_free;
         }
-        /* Touch every page now, so that no save pays for the page faults. */
-        memset(ck->staging, 0, p->staging_bytes);
+        /* Touch every page now, so that no save pays for the page faults. Not zeros: a
+         * compiler may turn malloc + memset(0) into calloc, which touches nothing. */
+        memset(ck->staging, 0xa5, p->staging_bytes);
         ck->staging_cap = p->staging_bytes;
     }
-    ck->n_slots = 2 * (size_t)ck->n_threads + 2;
+    ck->n_slots = 4 * (size_t)ck->n_threads + 4;
     ck->slot_cap = ZSTD_compressBound(ck->chunk_bytes);
     ck->slots = calloc(ck->n_slots, sizeof(*ck->slots));
     ck->workers = calloc((size_t)ck->n_threads, sizeof(*ck->workers));
