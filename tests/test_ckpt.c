@@ -541,6 +541,74 @@ START_TEST(test_commit_recorded_in_etcd)
 }
 END_TEST
 
+/* Copies tests/data/ckpt/<src> to <root>/step-1/<dst>. */
+static void install_golden(const char *src, const char *dst)
+{
+    char from[512];
+    char to[512];
+    char buf[4096];
+    FILE *in;
+    FILE *out;
+    size_t n;
+
+    snprintf(to, sizeof(to), "%s/step-1", root);
+    mkdir(to, 0755);
+    snprintf(from, sizeof(from), "%s/%s", CKPT_TEST_DATA, src);
+    snprintf(to, sizeof(to), "%s/step-1/%s", root, dst);
+    in = fopen(from, "rb");
+    out = fopen(to, "wb");
+    ck_assert_msg(in != NULL && out != NULL, "%s", from);
+    n = fread(buf, 1, sizeof(buf), in);
+    ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+}
+
+START_TEST(test_golden_inputs)
+{
+    static const struct {
+        const char *manifest;
+        const char *shard;
+        const char *says;
+    } bad[] = {
+        {"manifest-truncated", "shard-good.rgs", "checksum line"},
+        {"manifest-bad-crc", "shard-good.rgs", "checksum line"},
+        {"manifest-version2", "shard-good.rgs", "MANIFEST version 2"},
+        {"manifest-huge-world", "shard-good.rgs", "world_size 65536"},
+        {"manifest-wrong-size", "shard-good.rgs", "does not match the MANIFEST"},
+        {"manifest-wrong-checksum", "shard-good.rgs", "index does not match"},
+        {"manifest-good", "shard-truncated.rgs", "does not match the MANIFEST"},
+        {"manifest-good", "shard-foreign.rgs", "not a regroup shard"},
+        {"manifest-good", "shard-version2.rgs", "format version 2"},
+    };
+    rg_ckpt_reader_t *rd = NULL;
+    float w[2][4];
+    uint8_t u[5];
+    rg_ckpt_request_t reqs[2] = {
+        {.name = "w", .dtype = RG_DTYPE_F32, .row_begin = 1, .row_count = 1, .dst = w[1],
+         .dst_bytes = sizeof(w[1])},
+        {.name = "u", .dtype = RG_DTYPE_U8, .row_count = 5, .dst = u, .dst_bytes = 5},
+    };
+    int64_t step = -1;
+
+    install_golden("manifest-good", "MANIFEST");
+    install_golden("shard-good.rgs", "shard-00000.rgs");
+    ck_assert_msg(rg_ckpt_load(root, -1, reqs, 2, &step) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(step, 1);
+    ck_assert(w[1][0] == 3.0f && w[1][2] == -1.5f && w[1][3] == 0.125f);
+    ck_assert(u[0] == 1 && u[4] == 5);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        install_golden(bad[i].manifest, "MANIFEST");
+        install_golden(bad[i].shard, "shard-00000.rgs");
+        ck_assert_int_eq(rg_ckpt_reader_open(root, 1, &rd), RG_ECORRUPT);
+        ck_assert_msg(strstr(rg_last_error(), bad[i].says) != NULL, "%s + %s: %s",
+                      bad[i].manifest, bad[i].shard, rg_last_error());
+        ck_assert_int_eq(rg_ckpt_load(root, -1, reqs, 2, NULL), RG_ECORRUPT);
+        ck_assert_int_eq(rg_ckpt_verify(root, 1), RG_ECORRUPT);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt");
@@ -562,6 +630,7 @@ int main(void)
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_write_error_surfaces_on_handle);
     tcase_add_test(tc, test_commit_recorded_in_etcd);
+    tcase_add_test(tc, test_golden_inputs);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
