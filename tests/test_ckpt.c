@@ -4,7 +4,7 @@
 
 #include <regroup/ckpt.h>
 #include <regroup/etcd.h>
-#include <rg_test_etcd.h>
+#include "etcd_server.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -503,7 +503,7 @@ END_TEST
 
 START_TEST(test_commit_recorded_in_etcd)
 {
-    rg_test_etcd_t srv;
+    rg_etcd_server_t srv;
     rg_etcd_params_t ep;
     rg_etcd_t *cli;
     rg_ckpt_params_t params = {.root = root, .rank = 0, .world_size = 1, .job = "job-7"};
@@ -512,7 +512,7 @@ START_TEST(test_commit_recorded_in_etcd)
     char *value = NULL;
     size_t len = 0;
 
-    ck_assert_int_eq(rg_test_etcd_start(&srv, NULL), 0);
+    ck_assert_int_eq(rg_etcd_server_start(&srv, NULL), 0);
     ep = (rg_etcd_params_t){.endpoints = srv.endpoints, .timeout_ms = 3000};
     ck_assert_int_eq(rg_etcd_create(&ep, &cli), RG_OK);
     params.etcd = cli;
@@ -527,7 +527,7 @@ START_TEST(test_commit_recorded_in_etcd)
         free(value);
     }
     /* etcd gone: the step is committed on disk, and the handle says etcd failed. */
-    rg_test_etcd_stop(&srv);
+    rg_etcd_server_stop(&srv);
     ck_assert_int_eq(save_model(ck, 0, 1, 5, 0, &sv), RG_OK);
     ck_assert_int_ne(rg_ckpt_save_wait(sv, deadline_s(60)), RG_OK);
     ck_assert_msg(strstr(rg_last_error(), "committed on disk but not in etcd") != NULL, "%s",
