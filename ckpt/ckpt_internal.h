@@ -46,6 +46,7 @@ struct rg_ckpt {
     unsigned    keep_last;
     uint64_t    keep_every;
     int64_t     commit_timeout_ms;
+    int64_t     busy_timeout_ms;
     rg_etcd_t  *etcd;
 
     uint8_t    *staging;
@@ -56,7 +57,7 @@ struct rg_ckpt {
 
     pthread_mutex_t mu;
     pthread_cond_t  work_cv;       /* to the coordinator and workers */
-    pthread_cond_t  done_cv;       /* chunk done, save done */
+    pthread_cond_t  done_cv;       /* chunk done, save done; CLOCK_MONOTONIC */
     pthread_t       coord;
     pthread_t      *workers;
     int             n_started;

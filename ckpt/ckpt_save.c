@@ -108,7 +108,7 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
     if (p == NULL || p->root == NULL || p->root[0] == '\0' || p->world_size < 1 ||
         p->world_size > RG_CKPT_MAX_WORLD || p->rank < 0 || p->rank >= p->world_size ||
         p->threads < 0 || p->threads > 256 || p->level < 0 || p->level > ZSTD_maxCLevel() ||
-        p->commit_timeout_ms < 0 || (p->etcd != NULL && (p->job == NULL || p->job[0] == '\0'))) {
+        p->commit_timeout_ms < 0 || p->busy_timeout_ms < 0 || (p->etcd != NULL && (p->job == NULL || p->job[0] == '\0'))) {
         return rg_error(RG_EINVAL, "checkpoint params: need a root, 0 <= rank < world_size "
                         "<= %d, threads <= 256, a zstd level <= %d, and a job with etcd",
                         RG_CKPT_MAX_WORLD, ZSTD_maxCLevel());
@@ -140,10 +140,17 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
     ck->keep_last = p->keep_last;
     ck->keep_every = p->keep_every;
     ck->commit_timeout_ms = p->commit_timeout_ms ? p->commit_timeout_ms : 120000;
+    ck->busy_timeout_ms = p->busy_timeout_ms ? p->busy_timeout_ms : 600000;
     ck->etcd = p->etcd;
     pthread_mutex_init(&ck->mu, NULL);
     pthread_cond_init(&ck->work_cv, NULL);
-    pthread_cond_init(&ck->done_cv, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&ck->done_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     if (ck->root == NULL || (p->job != NULL && ck->job == NULL)) {
         st = rg_error(RG_ENOMEM, "no memory for a checkpointer");
         goto err_free;
@@ -345,9 +352,19 @@ rg_status_t rg_ckpt_save(rg_ckpt_t *ck, int64_t step, const rg_ckpt_tensor_t *te
                       step);
         goto err_free;
     }
-    /* Bounded by the save in flight, which ends by its own commit deadline or I/O error. */
-    while (ck->busy) {
-        pthread_cond_wait(&ck->done_cv, &ck->mu);
+    if (ck->busy) {
+        rg_deadline_t deadline = rg_deadline_in_ms(ck->busy_timeout_ms);
+        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                              .tv_nsec = (long)(deadline % 1000000000ull)};
+        while (ck->busy) {
+            if (pthread_cond_timedwait(&ck->done_cv, &ck->mu, &ts) == ETIMEDOUT && ck->busy) {
+                pthread_mutex_unlock(&ck->mu);
+                st = rg_error(RG_ETIMEDOUT, "checkpoint step %" PRId64 " not started: the "
+                              "save of step %" PRId64 " is still running after %" PRId64
+                              " ms", step, ck->step, ck->busy_timeout_ms);
+                goto err_free;
+            }
+        }
     }
     pthread_mutex_unlock(&ck->mu);
 

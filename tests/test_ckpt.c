@@ -395,7 +395,7 @@ START_TEST(test_skip_if_busy_and_commit_timeout)
 {
     /* Rank 0 of 2 alone: its commit waits for rank 1's record, which never comes. */
     rg_ckpt_params_t params = {.root = root, .rank = 0, .world_size = 2,
-                               .commit_timeout_ms = 300};
+                               .commit_timeout_ms = 600, .busy_timeout_ms = 50};
     rg_ckpt_t *ck;
     rg_ckpt_save_t *sv;
     rg_ckpt_save_t *sv2 = NULL;
@@ -405,6 +405,10 @@ START_TEST(test_skip_if_busy_and_commit_timeout)
     ck_assert_int_eq(rg_ckpt_create(&params, &ck), RG_OK);
     ck_assert_int_eq(save_model(ck, 0, 2, 1, 0, &sv), RG_OK);
     ck_assert_int_eq(rg_ckpt_save(ck, 2, NULL, 0, RG_CKPT_SAVE_SKIP_IF_BUSY, &sv2), RG_EAGAIN);
+    ck_assert_ptr_null(sv2);
+    /* Without the flag it waits, but no longer than busy_timeout_ms. */
+    ck_assert_int_eq(rg_ckpt_save(ck, 2, NULL, 0, 0, &sv2), RG_ETIMEDOUT);
+    ck_assert_msg(strstr(rg_last_error(), "still running") != NULL, "%s", rg_last_error());
     ck_assert_ptr_null(sv2);
     ck_assert_int_eq(rg_ckpt_save_wait(sv, rg_deadline_in_ms(1)), RG_ETIMEDOUT);
     ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_ETIMEDOUT);

@@ -61,6 +61,8 @@ typedef struct {
     unsigned    keep_last;     /* retention: keep the newest K committed steps; 0 = all */
     uint64_t    keep_every;    /* retention: also keep steps that are multiples of M; 0 = no */
     int64_t     commit_timeout_ms; /* rank 0's wait for all shard records; 0 = 120000 */
+    int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight;
+                                      0 = 600000 */
     rg_etcd_t  *etcd;          /* optional (NULL = files only): not owned, must outlive */
     const char *job;           /* job id for the etcd key /regroup/<job>/ckpt/latest */
 } rg_ckpt_params_t;
@@ -90,13 +92,15 @@ typedef struct {
 rg_status_t rg_ckpt_create(const rg_ckpt_params_t *params, rg_ckpt_t **ckpt_p)
     RG_CKPT_NODISCARD;
 
-/* Waits for a save in flight to finish, stops the threads, frees everything. Handles still
- * held stay valid until released. Accepts NULL. */
+/* Waits for a save in flight to finish (it ends by its commit deadline or an I/O error;
+ * a file system that hangs hangs this too), stops the threads, frees everything. Handles
+ * still held stay valid until released. Accepts NULL. */
 void rg_ckpt_destroy(rg_ckpt_t *ckpt);
 
 /*
  * Starts saving step `step` (>= 0) of this rank's tensors. If a save is still in flight it
- * first waits for it (or with RG_CKPT_SAVE_SKIP_IF_BUSY returns RG_EAGAIN at once). Copies
+ * first waits for it, up to busy_timeout_ms (then RG_ETIMEDOUT), or with
+ * RG_CKPT_SAVE_SKIP_IF_BUSY returns RG_EAGAIN at once. Copies
  * the tensors into the staging buffer, so the caller may change them as soon as this returns.
  * On success *save_p is a handle the caller releases with rg_ckpt_save_release.
  * Errors: RG_EINVAL (bad tensor description), RG_ENOMEM, RG_EAGAIN, file-system errors.
@@ -108,7 +112,8 @@ rg_status_t rg_ckpt_save(rg_ckpt_t *ckpt, int64_t step, const rg_ckpt_tensor_t *
 /* RG_INPROGRESS while the save runs, then its final status. Does not block. */
 rg_status_t rg_ckpt_save_status(rg_ckpt_save_t *save);
 
-/* Waits until the save is done or the deadline (absolute monotonic ns, 0 = forever) passes.
+/* Waits until the save is done or the deadline (absolute monotonic ns as from
+ * rg_deadline_in_ms(); 0 = no deadline, for callers that bound the wait themselves) passes.
  * Returns the save's status (RG_OK: durable, and for rank 0 committed), RG_ETIMEDOUT if still
  * running, or the error that ended it (RG_ENOSPC, RG_EPERM, RG_EIO, RG_ETIMEDOUT from the
  * commit wait...); the message is in rg_last_error() of the calling thread. */
