@@ -507,21 +507,30 @@ static void comm_check_deadlines(rg_comm_t *comm)
         char who[96] = "";
         size_t off = 0;
         int first = -1;
+        int n_who = 0;
+        /* The peers it still waits to hear from (or, failing that, to deliver to). */
         for (int pass = 0; pass < 2 && first < 0; pass++) {
-            for (int i = 0; i < req->n_xfers && off + 12 < sizeof(who); i++) {
+            for (int i = 0; i < req->n_xfers && off + 16 < sizeof(who); i++) {
                 comm_xfer_t *x = &req->xfers[i];
-                if (x->active && x->is_recv == (pass == 0)) {
+                if (!x->active || x->is_recv != (pass == 0)) {
+                    continue;
+                }
+                bool seen = false;
+                for (int k = 0; k < i; k++) {
+                    seen = seen || (req->xfers[k].active && req->xfers[k].peer == x->peer &&
+                                    req->xfers[k].is_recv == x->is_recv);
+                }
+                if (!seen) {
                     off += (size_t)snprintf(who + off, sizeof(who) - off, "%s%d",
-                                            first < 0 ? "" : ",", x->peer);
-                    if (first < 0) {
-                        first = x->peer;
-                    }
+                                            first < 0 ? "" : ", ", x->peer);
+                    first = first < 0 ? x->peer : first;
+                    n_who++;
                 }
             }
         }
         (void)comm_fail(comm, RG_ETIMEDOUT, first, false,
-                        "%s: deadline passed waiting for rank(s) %s", req->name,
-                        first < 0 ? "?" : who);
+                        "%s: deadline passed waiting for %s %s", req->name,
+                        n_who == 1 ? "rank" : "ranks", first < 0 ? "?" : who);
         return;
     }
 }

@@ -172,7 +172,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     int64_t backoff_ms = 1;
     for (;;) {
         st = comm_read_addresses(comm, etcd, prefix, deadline, addrs, lens, &n_found);
-        if (st != RG_INPROGRESS) {
+        if (st != RG_INPROGRESS && !(st == RG_ETIMEDOUT && rg_deadline_passed(deadline))) {
             break;
         }
         if (rg_deadline_passed(deadline)) {
