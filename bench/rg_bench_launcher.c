@@ -18,7 +18,10 @@
 #include "etcd_server.h"
 #include "rg_common.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -212,15 +215,35 @@ static void new_job(char *job, size_t len, const char *scenario, int rep)
     store_port = rg_free_port();
 }
 
+/* torchrun's first agent hosts the c10d store: the others must not start (and take the
+ * port) before it listens, and the scenarios then never kill the host. */
+static bool store_listening(int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (rg_now_ns() < until) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)store_port)};
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (ok) {
+            return true;
+        }
+        rg_sleep_ms(20);
+    }
+    return false;
+}
+
 /* Starts n agents of nproc workers and waits until all run at world n*nproc. */
 static int bring_up(launcher_t l, int n, int nproc, const char *nnodes, const char *job,
                     int *at)
 {
     for (int i = 0; i < n; i++) {
         start_agent(l, i, nnodes, nproc, job);
-        if (i == 0 && l == L_TORCHRUN) {
-            /* torchrun's first agent hosts the c10d store: let it bind first. */
-            rg_sleep_ms(300);
+        if (i == 0 && l == L_TORCHRUN && !store_listening(30000)) {
+            return -1;
         }
     }
     return wait_starts(0, n * nproc, n * nproc, 60000, at) < 0 ? -1 : 0;
@@ -283,8 +306,8 @@ static void scenario_start8(launcher_t l, int reps)
         for (int i = 0; i < 8; i++) {
             t_last = wall();
             start_agent(l, i, "8", 1, job);
-            if (i == 0 && l == L_TORCHRUN) {
-                rg_sleep_ms(300);
+            if (i == 0 && l == L_TORCHRUN && !store_listening(30000)) {
+                break;
             }
         }
         double t1 = wait_starts(0, 8, 8, 60000, NULL);

@@ -15,6 +15,7 @@
  */
 #include "fmnist_adam.h"
 #include "fmnist_mlp.h"
+#include "fmnist_opts.h"
 
 #include <regroup/data.h>
 
@@ -23,75 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    int64_t     epochs;
-    int64_t     batch;
-    double      lr;
-    int64_t     seed;
-    int64_t     log_every;
-    bool        cosine;
-    const char *data_dir;
-} options_t;
-
-static int usage(const char *argv0, const char *why)
-{
-    fprintf(stderr,
-            "%s: %s\nusage: %s [--epochs N] [--batch B] [--lr LR] [--seed S]\n"
-            "       [--schedule cosine|constant] [--data DIR] [--log-every STEPS]\n",
-            argv0, why, argv0);
-    return 2;
-}
-
-static int parse_options(int argc, char **argv, options_t *o)
-{
-    *o = (options_t){.epochs = 3, .batch = 64, .lr = 1e-3, .seed = 1, .log_every = 100,
-                     .cosine = true,
-                     .data_dir = "/usr/share/datasets/fashion-mnist"};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (v == NULL) {
-            return usage(argv[0], "missing value or unknown option");
-        }
-        bool ok = true;
-        if (strcmp(a, "--epochs") == 0) {
-            ok = rg_parse_i64(v, &o->epochs) && o->epochs >= 1 && o->epochs <= 1000;
-        } else if (strcmp(a, "--batch") == 0) {
-            ok = rg_parse_i64(v, &o->batch) && o->batch >= 1 && o->batch <= 65536;
-        } else if (strcmp(a, "--seed") == 0) {
-            ok = rg_parse_i64(v, &o->seed) && o->seed >= 0;
-        } else if (strcmp(a, "--log-every") == 0) {
-            ok = rg_parse_i64(v, &o->log_every) && o->log_every >= 1;
-        } else if (strcmp(a, "--lr") == 0) {
-            char *end = NULL;
-            o->lr = strtod(v, &end);
-            ok = end != v && *end == '\0' && o->lr > 0.0 && o->lr < 10.0;
-        } else if (strcmp(a, "--schedule") == 0) {
-            ok = strcmp(v, "cosine") == 0 || strcmp(v, "constant") == 0;
-            o->cosine = strcmp(v, "cosine") == 0;
-        } else if (strcmp(a, "--data") == 0) {
-            o->data_dir = v;
-        } else {
-            return usage(argv[0], "unknown option");
-        }
-        if (!ok) {
-            fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], v, a);
-            return 2;
-        }
-        i++;
-    }
-    return 0;
-}
-
-static rg_status_t open_split(const char *dir, const char *prefix, rg_dataset_t **ds_p)
-{
-    char images[1024];
-    char labels[1024];
-    snprintf(images, sizeof(images), "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-    snprintf(labels, sizeof(labels), "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
-    return rg_dataset_open_idx(images, labels, ds_p);
-}
 
 /* Where the distributed trainer sums the gradient buffer over ranks (each rank's gradient
  * is already divided by the global batch size). With one process there is nothing to add. */
@@ -104,22 +36,22 @@ static rg_status_t average_gradient(float *grads, size_t n)
 
 int main(int argc, char **argv)
 {
-    options_t        o;
+    fmnist_options_t o;
     rg_dataset_t    *train = NULL;
     rg_dataset_t    *test = NULL;
     fmnist_mlp_t    *model = NULL;
     fmnist_adam_t   *adam = NULL;
     rg_loader_t     *loader = NULL;
     rg_status_t      st;
-    int              rc = parse_options(argc, argv, &o);
+    int              rc = fmnist_parse_options(argc, argv, false, &o);
 
     if (rc != 0) {
         return rc;
     }
     rg_log_init();
-    st = open_split(o.data_dir, "train", &train);
+    st = fmnist_open_split(o.data_dir, "train", &train);
     if (st == RG_OK) {
-        st = open_split(o.data_dir, "t10k", &test);
+        st = fmnist_open_split(o.data_dir, "t10k", &test);
     }
     if (st != RG_OK) {
         goto out;
