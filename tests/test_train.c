@@ -221,6 +221,38 @@ START_TEST(test_exact_with_node_joining)
 }
 END_TEST
 
+/* The MLP at world size 2: a short run drives the loss well below where it started. */
+START_TEST(test_mlp_loss_falls_at_world_2)
+{
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", RG_FMNIST_BIN,
+                    "--epochs", "1", "--log-every", "50", "--ckpt-every", "100", NULL};
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    pid_t pid = spawn("mlp", argv);
+    ck_assert_int_eq(wait_exit(pid, 240000), 0);
+    char path[400];
+    char line[256];
+    double first = -1;
+    double last = -1;
+    snprintf(path, sizeof(path), "%s/mlp.log", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, " loss=");
+        double loss;
+        if (strncmp(line, "step=", 5) == 0 && p != NULL && sscanf(p, " loss=%lf", &loss) == 1) {
+            if (first < 0) {
+                first = loss;
+            }
+            last = loss;
+        }
+    }
+    fclose(f);
+    ck_assert_msg(first > 0 && last > 0 && last < 0.5 * first,
+                  "loss went from %.4f to %.4f", first, last);
+    ck_assert(log_has("mlp", "test_accuracy="));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("train");
@@ -230,6 +262,7 @@ int main(void)
     tcase_add_loop_test(tc, test_exact_world_sizes, 0, 4);
     tcase_add_test(tc, test_exact_after_worker_kill);
     tcase_add_test(tc, test_exact_with_node_joining);
+    tcase_add_test(tc, test_mlp_loss_falls_at_world_2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
