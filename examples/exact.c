@@ -7,7 +7,8 @@
  * through rg_report, and resumes from the last committed checkpoint after a restart or resize.
  *
  *   rg-exact [--samples N] [--batch B] [--epochs E] [--dim K] [--seed S] [--ckpt-every C]
- *            [--work W] [--trace DIR] [--kill-at STEP --kill-rank R]
+ *            [--work W] [--trace DIR] [--kill-at STEP --kill-rank R] [--pad-kb KB]
+ *            [--stop-file PATH]
  *   rg-exact --expect [same data options]     prints the expected digest and exits
  *
  * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
@@ -15,6 +16,10 @@
  * "exact=0 ..." and exit status 3 when it does not. --trace writes, per rank and round, one
  * line "round step epoch id" per sample consumed, for the exactly-once data check.
  * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt.
+ * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
+ * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
+ * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
+ * is then that of the epochs completed.
  */
 #include "rg_common.h"
 
@@ -24,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXACT_MAX_DIM 4096
 
@@ -37,7 +43,9 @@ typedef struct {
     int64_t     work;
     int64_t     kill_at;
     int64_t     kill_rank;
+    int64_t     pad_kb;
     const char *trace;
+    const char *stop_file;
     bool        expect;
 } options_t;
 
@@ -119,8 +127,13 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->kill_at;
         } else if (strcmp(a, "--kill-rank") == 0) {
             dst = &o->kill_rank, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--pad-kb") == 0) {
+            dst = &o->pad_kb, lo = 0, hi = 1 << 20;
         } else if (strcmp(a, "--trace") == 0) {
             o->trace = v;
+            continue;
+        } else if (strcmp(a, "--stop-file") == 0) {
+            o->stop_file = v;
             continue;
         } else {
             return usage(a);
@@ -132,11 +145,11 @@ static int parse(int argc, char **argv, options_t *o)
     return 0;
 }
 
-/* What the state must be at the end: every sample of every epoch, once. */
-static void expected(const options_t *o, int64_t *want)
+/* What the state must be after `epochs` epochs: every sample of every epoch, once. */
+static void expected(const options_t *o, int64_t epochs, int64_t *want)
 {
     memset(want, 0, sizeof(int64_t) * (size_t)o->dim);
-    for (int64_t e = 0; e < o->epochs; e++) {
+    for (int64_t e = 0; e < epochs; e++) {
         for (int64_t id = 0; id < o->samples; id++) {
             for (int64_t k = 0; k < o->dim; k++) {
                 want[k] += contribution(o, (uint64_t)e, (uint64_t)id, (uint64_t)k);
@@ -156,6 +169,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     uint32_t *ids = malloc(sizeof(uint32_t) * (size_t)o->batch);
     FILE *trace = NULL;
     int64_t ckpt_step = -1;
+    int64_t epochs = o->epochs;
+    uint8_t *pad = NULL;
+    uint32_t pad0 = 0;
+    uint32_t pad_rows = 0;
     rg_status_t st;
 
     rg_sampler_params_t sp = {.num_samples = (uint64_t)o->samples,
@@ -175,13 +192,42 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     uint32_t row0;
     uint32_t rows;
     rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, &row0, &rows);
+    if (o->pad_kb > 0) {
+        rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, &pad0,
+                         &pad_rows);
+        pad = malloc(pad_rows + 1);
+        if (pad == NULL) {
+            st = rg_error(RG_ENOMEM, "pad");
+            goto out;
+        }
+        for (uint32_t i = 0; i < pad_rows; i++) {
+            pad[i] = (uint8_t)mix(pad0 + i);
+        }
+    }
     if (rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
-        rg_ckpt_request_t rq = {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0,
-                                .row_count = rows, .dst = state + row0,
-                                .dst_bytes = rows * sizeof(int64_t)};
-        st = rg_train_restore(ctx, ckpt_step, rows ? &rq : NULL, rows ? 1 : 0, &cur, &ckpt_step);
+        rg_ckpt_request_t rq[2] = {
+            {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0, .row_count = rows,
+             .dst = state + row0, .dst_bytes = rows * sizeof(int64_t)},
+            {.name = "pad", .dtype = RG_DTYPE_U8, .row_begin = pad0, .row_count = pad_rows,
+             .dst = pad, .dst_bytes = pad_rows},
+        };
+        size_t nrq = 0;
+        rg_ckpt_request_t use[2];
+        if (rows > 0) {
+            use[nrq++] = rq[0];
+        }
+        if (pad_rows > 0) {
+            use[nrq++] = rq[1];
+        }
+        st = rg_train_restore(ctx, ckpt_step, nrq ? use : NULL, nrq, &cur, &ckpt_step);
         if (st != RG_OK) {
             goto out;
+        }
+        for (uint32_t i = 0; i < pad_rows; i++) {
+            if (pad[i] != (uint8_t)mix(pad0 + i)) {
+                st = rg_error(RG_ECORRUPT, "restored padding differs at byte %u", pad0 + i);
+                goto out;
+            }
         }
         /* Reassemble the whole vector from every rank's rows. */
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, state, (size_t)o->dim, RG_DTYPE_I64,
@@ -203,9 +249,21 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             goto out;
         }
     }
-    while ((int64_t)cur.epoch < o->epochs) {
+    while ((int64_t)cur.epoch < epochs) {
         int64_t gstep = (int64_t)(cur.epoch * per_epoch + cur.step);
         size_t n = 0;
+        if (o->stop_file != NULL && cur.step == 0 && cur.epoch > 0) {
+            /* At an epoch boundary: rank 0 decides whether the job ends here. */
+            int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
+            st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (st != RG_OK) {
+                goto out;
+            }
+            if (stop) {
+                epochs = (int64_t)cur.epoch;
+                break;
+            }
+        }
         if (o->kill_at == gstep && o->kill_rank == rank && rg_train_restart_count(ctx) == 0) {
             fprintf(stderr, "rank %d: killing myself at step %lld as asked\n", rank,
                     (long long)gstep);
@@ -244,11 +302,21 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         rg_metric_t m[1] = {{"state_digest_low", (double)(digest(state, o->dim) & 0xffff)}};
         rg_report_t rep = {.step = done, .epoch = (int64_t)cur.epoch, .metrics = m,
                            .n_metrics = 1};
-        rg_ckpt_tensor_t t = {.name = "state", .dtype = RG_DTYPE_I64, .ndim = 1,
-                              .shape = {(uint64_t)o->dim}, .row_begin = row0,
-                              .row_count = rows, .data = state + row0};
-        rg_train_state_t s = {.tensors = &t, .n_tensors = rows ? 1 : 0, .cursor = cur};
-        bool save = done % o->ckpt_every == 0 && (int64_t)cur.epoch < o->epochs;
+        rg_ckpt_tensor_t t[2];
+        size_t nt = 0;
+        if (rows > 0) {
+            t[nt++] = (rg_ckpt_tensor_t){.name = "state", .dtype = RG_DTYPE_I64, .ndim = 1,
+                                         .shape = {(uint64_t)o->dim}, .row_begin = row0,
+                                         .row_count = rows, .data = state + row0};
+        }
+        if (pad_rows > 0) {
+            t[nt++] = (rg_ckpt_tensor_t){.name = "pad", .dtype = RG_DTYPE_U8, .ndim = 1,
+                                         .shape = {(uint64_t)o->pad_kb * 1024},
+                                         .row_begin = pad0, .row_count = pad_rows,
+                                         .data = pad, .flags = RG_CKPT_NOSHUFFLE};
+        }
+        rg_train_state_t s = {.tensors = t, .n_tensors = nt, .cursor = cur};
+        bool save = done % o->ckpt_every == 0 && (int64_t)cur.epoch < epochs;
         st = rg_report(ctx, &rep, save ? &s : NULL);
         if (st != RG_OK) {
             goto out;
@@ -260,12 +328,12 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             st = rg_error(RG_ENOMEM, "want");
             goto out;
         }
-        expected(o, want);
+        expected(o, epochs, want);
         bool ok = memcmp(want, state, sizeof(int64_t) * (size_t)o->dim) == 0;
-        printf("exact=%d digest=%016llx expected=%016llx steps=%llu world=%d\n", ok ? 1 : 0,
-               (unsigned long long)digest(state, o->dim),
+        printf("exact=%d digest=%016llx expected=%016llx steps=%llu epochs=%lld world=%d\n",
+               ok ? 1 : 0, (unsigned long long)digest(state, o->dim),
                (unsigned long long)digest(want, o->dim),
-               (unsigned long long)(per_epoch * (uint64_t)o->epochs), world);
+               (unsigned long long)(per_epoch * (uint64_t)epochs), (long long)epochs, world);
         fflush(stdout);
         free(want);
         if (!ok) {
@@ -273,6 +341,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
     }
 out:
+    free(pad);
     if (trace != NULL) {
         fclose(trace);
     }
@@ -294,7 +363,7 @@ int main(int argc, char **argv)
         if (want == NULL) {
             return 1;
         }
-        expected(&o, want);
+        expected(&o, o.epochs, want);
         printf("expected digest=%016llx\n", (unsigned long long)digest(want, o.dim));
         free(want);
         return 0;

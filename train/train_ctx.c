@@ -102,6 +102,14 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     }
     env->params.etcd = ctx->etcd;
     env->params.timeout_ms = params->comm_timeout_ms;
+    if (env->params.timeout_ms == 0) {
+        int ms = 0;
+        st = env_int("REGROUP_COMM_TIMEOUT_MS", 1, 1 << 30, 30000, &ms);
+        if (st != RG_OK) {
+            goto err;
+        }
+        env->params.timeout_ms = ms;
+    }
     st = rg_comm_create(&env->params, &ctx->comm);
     if (st != RG_OK) {
         goto err;

@@ -35,7 +35,7 @@ typedef struct rg_train_ctx rg_train_ctx_t;
 typedef struct {
     const char *ckpt_root;       /* checkpoint root; NULL = $REGROUP_CKPT_DIR, or none */
     unsigned    keep_last;       /* checkpoints kept; 0 = $REGROUP_CKPT_KEEP or 3 */
-    int64_t     comm_timeout_ms; /* collective deadline; 0 = 30000 */
+    int64_t     comm_timeout_ms; /* collective deadline; 0 = $REGROUP_COMM_TIMEOUT_MS or 30000 */
     size_t      staging_bytes;   /* checkpoint staging buffer to allocate up front; 0 = lazy */
 } rg_train_params_t;
 
