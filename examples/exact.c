@@ -114,7 +114,7 @@ static int parse(int argc, char **argv, options_t *o)
         } else if (strcmp(a, "--batch") == 0) {
             dst = &o->batch, lo = 1, hi = 1 << 20;
         } else if (strcmp(a, "--epochs") == 0) {
-            dst = &o->epochs, lo = 1, hi = 1000;
+            dst = &o->epochs, lo = 1, hi = 1000000000;
         } else if (strcmp(a, "--dim") == 0) {
             dst = &o->dim, lo = 1, hi = EXACT_MAX_DIM;
         } else if (strcmp(a, "--seed") == 0) {

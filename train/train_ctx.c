@@ -409,6 +409,17 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
                 *step_p = step;
             }
             rg_info("restored checkpoint step %lld", (long long)step);
+            if (ctx->rank == 0) {
+                /* For `regroup status` and the chaos suite: where this round resumed. */
+                char key[512];
+                char val[128];
+                snprintf(key, sizeof(key), "/regroup/%s/status/restored", ctx->job);
+                snprintf(val, sizeof(val), "{\"round\":%d,\"step\":%lld}", ctx->round,
+                         (long long)step);
+                if (rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL) != RG_OK) {
+                    rg_warn("cannot record the restored step: %s", rg_last_error());
+                }
+            }
             return RG_OK;
         }
         st = older_step(ctx, step, &step);
