@@ -807,6 +807,7 @@ int main(int argc, char **argv)
     setenv("REGROUP_CKPT_DIR", ckpt_dir, 1);
     setenv("REGROUP_CKPT_KEEP", "3", 1);
     setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
+    setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
     setenv("UCX_NET_DEVICES", "lo", 1);
     setenv("REGROUP_LOG_LEVEL", "warn", 1);
 

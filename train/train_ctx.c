@@ -124,9 +124,15 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
             }
         }
         snprintf(ctx->ckpt_root, sizeof(ctx->ckpt_root), "%s", root);
+        int commit_ms = 0;
+        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &commit_ms);
+        if (st != RG_OK) {
+            goto err;
+        }
         rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
                                .world_size = ctx->world, .staging_bytes = params->staging_bytes,
-                               .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job};
+                               .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
+                               .commit_timeout_ms = commit_ms};
         st = rg_ckpt_create(&cp, &ctx->ckpt);
         if (st != RG_OK) {
             goto err;
@@ -164,6 +170,19 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
 {
     if (ctx == NULL) {
         return;
+    }
+    if (ctx->comm != NULL && !rg_comm_is_healthy(ctx->comm) && ctx->save != NULL) {
+        /* A peer failed: the checkpoint in flight may wait for that peer's shard until its
+         * commit deadline. A restart must not wait for that; an uncommitted checkpoint is
+         * never visible, so leave it (and its threads) to the process's exit. */
+        rg_status_t ws = rg_ckpt_save_wait(ctx->save, rg_deadline_in_ms(1000));
+        if (ws != RG_OK && rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
+            rg_warn("abandoning the checkpoint of step %lld in flight: a peer failed",
+                    (long long)ctx->save_step);
+            rg_comm_destroy(ctx->comm);
+            rg_etcd_destroy(ctx->etcd);
+            return;
+        }
     }
     (void)finish_save(ctx);
     rg_ckpt_destroy(ctx->ckpt);

@@ -48,7 +48,10 @@ typedef struct {
  */
 rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_p)
     RG_TRAIN_NODISCARD;
-/* Waits for a checkpoint in flight, then frees everything. Accepts NULL. */
+/* Waits for a checkpoint in flight, then frees everything. If a peer has failed (the group
+ * is unhealthy), it waits at most 1 s and then abandons the checkpoint in flight (it never
+ * becomes visible) so that the process can exit and the job restart at once. The commit
+ * wait is bounded by REGROUP_CKPT_COMMIT_TIMEOUT_MS (default 120000). Accepts NULL. */
 void rg_train_finalize(rg_train_ctx_t *ctx);
 
 int        rg_train_rank(const rg_train_ctx_t *ctx);
