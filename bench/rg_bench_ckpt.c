@@ -17,6 +17,7 @@
  *   save_vs_limit  median over saves of (that save's throughput / the limit measured just
  *                  before it)
  *   ratio, ratio_noshuffle   raw / compressed bytes with and without the byte shuffle
+ *   zstd_noshuffle_GBps      compression throughput without the shuffle (measured once)
  *   load_GBps      rg_ckpt_load of everything after dropping the shard from the page cache
  *   sync_write_ms  the baseline: a synchronous uncompressed write + fsync
  * Run it alone: flock /tmp/regroup-bench.lock build/bench/rg-bench-ckpt --dir DIR
@@ -193,6 +194,7 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
     size_t comp = 0;
     size_t comp_noshuf = 0;
     double comp_s = 0;
+    double noshuf_s = 0;
     double load_ms;
     double sync_ms = 0;
     int64_t step = 0;
@@ -240,6 +242,7 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
             goto out;
         }
         comp_noshuf += m.comp_bytes;
+        noshuf_s += m.seconds;
     }
     if (rg_ckpt_create(&params, &ck) != RG_OK) {
         fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
@@ -312,10 +315,11 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
                "\"memcpy_ms\":%.1f,\"stall_ms\":%.1f,\"stall_vs_memcpy\":%.2f,"
                "\"save_GBps\":%.3f,\"save_total_ms\":%.1f,\"zstd_GBps\":%.3f,\"disk_GBps\":%.3f,\"limit_GBps\":%.3f,"
                "\"save_vs_limit\":%.2f,\"ratio\":%.3f,\"ratio_noshuffle\":%.3f,"
+               "\"zstd_noshuffle_GBps\":%.3f,"
                "\"load_GBps\":%.3f,\"sync_write_ms\":%.1f}\n",
                dtype == RG_DTYPE_F32 ? "f32" : "bf16", total, threads, 4u << 20, iters,
                memcpy_ms, st_ms, st_ms / memcpy_ms, save_gbps, total_ms, zstd, disk_gbps, limit,
-               vs, ratio, (double)total / (double)comp_noshuf,
+               vs, ratio, (double)total / (double)comp_noshuf, (double)total / noshuf_s * 1e-9,
                (double)total / load_ms * 1e-6, sync_ms);
         fflush(stdout);
     }
