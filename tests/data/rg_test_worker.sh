@@ -5,7 +5,7 @@
 # RG_TEST_FAIL_RANK=N makes rank N exit 3 at once, with an error file and a stderr line.
 set -u
 d=${RG_TEST_DIR:?}
-echo "start $REGROUP_ROUND $RANK $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $$ $LOCAL_RANK $GROUP_RANK $(date +%s.%N)" >> "$d/events"
+echo "start ${REGROUP_ROUND:--1} $RANK $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $$ $LOCAL_RANK ${GROUP_RANK:--1} $(date +%s.%N)" >> "$d/events"
 if [ "${RG_TEST_FAIL_RANK:-x}" = "$RANK" ]; then
     echo "rank $RANK fails on purpose" >&2
     printf '{"message": {"message": "RuntimeError: rank %s failed on purpose"}}' "$RANK" \

@@ -1,0 +1,245 @@
+/*
+ * rg-bench-comm: latency and bandwidth of the comm/ collectives.
+ *
+ * Runs as one rank of a group whose parameters come from the launcher's environment (RANK,
+ * WORLD_SIZE, REGROUP_ETCD_ENDPOINTS, REGROUP_JOB_ID, REGROUP_ROUND); bench/rg-bench-comm.sh
+ * starts an etcd and N such processes on this host. Rank 0 prints one JSON object per line
+ * per op and size:
+ *   {"bench":"comm","op":"allreduce","dtype":"f32","bytes":1048576,"ranks":2,"iters":..,
+ *    "latency_us":..,"algbw_GBps":..,"busbw_GBps":..,"transport":".."}
+ * with nccl-tests' definitions: latency = time per operation (the slowest rank's mean),
+ * algbw = bytes / latency, busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
+ * reduce_scatter (bytes = the whole gathered / scattered buffer), 1 for broadcast.
+ *
+ *   rg-bench-comm [--op=allreduce,allgather,reduce_scatter,broadcast] [--dtype=f32]
+ *                 [--sizes=8,65536,1048576] [--seconds=0.5]
+ *   rg-bench-comm --memcpy     memcpy bandwidth of this host (no group; one JSON line)
+ */
+#include "rg_common.h"
+
+#include <regroup/comm.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_MAX_SIZES 32
+
+static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+
+static double now_s(void)
+{
+    return (double)rg_now_ns() / 1e9;
+}
+
+static int memcpy_bench(void)
+{
+    size_t n = 64u << 20;
+    char *a = malloc(n);
+    char *b = malloc(n);
+    if (a == NULL || b == NULL) {
+        fprintf(stderr, "rg-bench-comm: out of memory\n");
+        return 1;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 1e9;
+    for (int i = 0; i < 20; i++) {
+        double t0 = now_s();
+        memcpy(i % 2 ? a : b, i % 2 ? b : a, n);
+        double t = now_s() - t0;
+        best = t < best ? t : best;
+    }
+    printf("{\"bench\":\"comm\",\"op\":\"memcpy\",\"bytes\":%zu,\"GBps\":%.3f}\n", n,
+           (double)n / best / 1e9);
+    free(a);
+    free(b);
+    return 0;
+}
+
+typedef struct {
+    const char *op;
+    rg_dtype_t  dtype;
+    size_t      bytes;
+} bench_case_t;
+
+/* Runs the op once; buffers are sized for the largest case. */
+static rg_status_t bench_once(rg_comm_t *comm, const bench_case_t *c, char *in, char *out)
+{
+    size_t es = rg_dtype_size(c->dtype);
+    size_t n = c->bytes / es;
+    size_t per_rank = n / (size_t)rg_comm_size(comm);
+    if (strcmp(c->op, "allreduce") == 0) {
+        return rg_comm_allreduce(comm, in, out, n, c->dtype, RG_OP_SUM, NULL);
+    }
+    if (strcmp(c->op, "allgather") == 0) {
+        return rg_comm_allgather(comm, in, out, per_rank, c->dtype, NULL);
+    }
+    if (strcmp(c->op, "reduce_scatter") == 0) {
+        return rg_comm_reduce_scatter(comm, in, out, per_rank, c->dtype, RG_OP_SUM, NULL);
+    }
+    if (strcmp(c->op, "broadcast") == 0) {
+        return rg_comm_broadcast(comm, out, n, c->dtype, 0, NULL);
+    }
+    return rg_error(RG_EINVAL, "unknown op %s", c->op);
+}
+
+static double bus_factor(const char *op, int n)
+{
+    if (strcmp(op, "allreduce") == 0) {
+        return 2.0 * (n - 1) / n;
+    }
+    if (strcmp(op, "broadcast") == 0) {
+        return 1.0;
+    }
+    return (double)(n - 1) / n;
+}
+
+static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char *in, char *out)
+{
+    const int rank = rg_comm_rank(comm);
+    const int n = rg_comm_size(comm);
+    rg_status_t st = RG_OK;
+    /* warm up, then size the loop from one timed pass so every rank agrees on iters */
+    for (int i = 0; i < 3 && st == RG_OK; i++) {
+        st = bench_once(comm, c, in, out);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < 5 && st == RG_OK; i++) {
+        st = bench_once(comm, c, in, out);
+    }
+    double probe = (now_s() - t0) / 5;
+    if (st == RG_OK) {
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &probe, 1, RG_DTYPE_F64, RG_OP_MAX, NULL);
+    }
+    int64_t iters = (int64_t)(seconds / (probe > 1e-7 ? probe : 1e-7));
+    iters = iters < 5 ? 5 : (iters > 200000 ? 200000 : iters);
+    if (st == RG_OK) {
+        st = rg_comm_barrier(comm, NULL);
+    }
+    t0 = now_s();
+    for (int64_t i = 0; i < iters && st == RG_OK; i++) {
+        st = bench_once(comm, c, in, out);
+    }
+    double per_op = (now_s() - t0) / (double)iters;
+    if (st == RG_OK) {
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &per_op, 1, RG_DTYPE_F64, RG_OP_MAX,
+                               NULL);
+    }
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-bench-comm: rank %d: %s %zu B: %s\n", rank, c->op, c->bytes,
+                rg_last_error());
+        return 1;
+    }
+    if (rank == 0) {
+        double algbw = (double)c->bytes / per_op / 1e9;
+        const char *tls = getenv("UCX_TLS");
+        printf("{\"bench\":\"comm\",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"ranks\":%d,"
+               "\"iters\":%lld,\"latency_us\":%.3f,\"algbw_GBps\":%.3f,\"busbw_GBps\":%.3f,"
+               "\"transport\":\"%s\"}\n",
+               c->op, dtype_names[c->dtype], c->bytes, n, (long long)iters, per_op * 1e6, algbw,
+               algbw * bus_factor(c->op, n), tls ? tls : "default(shm)");
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int parse_sizes(const char *s, size_t *sizes, int *n_sizes)
+{
+    *n_sizes = 0;
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        int64_t v;
+        if (!rg_parse_i64(t, &v) || v <= 0 || *n_sizes == BENCH_MAX_SIZES || v > (1ll << 34)) {
+            return -1;
+        }
+        sizes[(*n_sizes)++] = (size_t)v;
+    }
+    return *n_sizes > 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *ops = "allreduce";
+    const char *dtype_s = "f32";
+    size_t sizes[BENCH_MAX_SIZES] = {8, 65536, 1048576, 16777216, 67108864};
+    int n_sizes = 5;
+    double seconds = 0.5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--memcpy") == 0) {
+            return memcpy_bench();
+        } else if (strncmp(argv[i], "--op=", 5) == 0) {
+            ops = argv[i] + 5;
+        } else if (strncmp(argv[i], "--dtype=", 8) == 0) {
+            dtype_s = argv[i] + 8;
+        } else if (strncmp(argv[i], "--sizes=", 8) == 0) {
+            if (parse_sizes(argv[i] + 8, sizes, &n_sizes) != 0) {
+                fprintf(stderr, "rg-bench-comm: bad --sizes\n");
+                return 2;
+            }
+        } else if (strncmp(argv[i], "--seconds=", 10) == 0) {
+            seconds = atof(argv[i] + 10);
+        } else {
+            fprintf(stderr, "usage: rg-bench-comm [--op=allreduce,...] [--dtype=f32] "
+                            "[--sizes=8,65536] [--seconds=0.5] | --memcpy\n");
+            return 2;
+        }
+    }
+    int dtype = -1;
+    for (int d = 0; d < 7; d++) {
+        if (strcmp(dtype_s, dtype_names[d]) == 0) {
+            dtype = d;
+        }
+    }
+    if (dtype < 0 || seconds <= 0 || seconds > 600) {
+        fprintf(stderr, "rg-bench-comm: bad --dtype or --seconds\n");
+        return 2;
+    }
+    rg_comm_env_t env;
+    rg_status_t st = rg_comm_env_read(&env);
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-bench-comm: %s (run it through bench/rg-bench-comm.sh)\n",
+                rg_last_error());
+        return 2;
+    }
+    rg_comm_t *comm = NULL;
+    st = rg_comm_create(&env.params, &comm);
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-bench-comm: rank %d: %s\n", env.params.rank, rg_last_error());
+        return 1;
+    }
+    size_t max = 0;
+    for (int i = 0; i < n_sizes; i++) {
+        max = sizes[i] > max ? sizes[i] : max;
+    }
+    char *in = malloc(max);
+    char *out = malloc(max);
+    int rc = in == NULL || out == NULL;
+    if (!rc) {
+        memset(in, 0, max);
+        memset(out, 0, max);
+    }
+    char opbuf[256];
+    snprintf(opbuf, sizeof(opbuf), "%s", ops);
+    for (char *save = NULL, *op = strtok_r(opbuf, ",", &save); op != NULL && rc == 0;
+         op = strtok_r(NULL, ",", &save)) {
+        for (int i = 0; i < n_sizes && rc == 0; i++) {
+            bench_case_t c = {.op = op, .dtype = (rg_dtype_t)dtype, .bytes = sizes[i]};
+            size_t unit = rg_dtype_size(c.dtype) *
+                          (strcmp(op, "allreduce") && strcmp(op, "broadcast")
+                               ? (size_t)env.params.size
+                               : 1);
+            if (c.bytes < unit) {
+                continue;
+            }
+            c.bytes -= c.bytes % unit;
+            rc = run_case(comm, &c, seconds, in, out);
+        }
+    }
+    free(in);
+    free(out);
+    rg_comm_destroy(comm);
+    return rc;
+}

@@ -1,0 +1,563 @@
+/*
+ * Collective algorithms for small messages, and the choice between them and the ring.
+ *
+ * Small messages take few, latency-bound rounds:
+ *   barrier         dissemination (ceil(log2 n) rounds, any n)
+ *   broadcast       binomial tree
+ *   allreduce       recursive doubling; for n not a power of two, the first 2*rem ranks fold
+ *                   pairwise into rem ranks before and unfold after
+ *   allgather       direct exchange with every peer (one round)
+ *   reduce_scatter  direct exchange, then a local fold in a fixed order
+ * Large messages use the segmented ring (comm_ring.c); broadcast scatters from the root first.
+ * A phase posts its transfers; when they are all done, its `done` step reduces what arrived.
+ */
+#include "comm_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    rg_status_t (*post)(rg_comm_req_t *req, int phase);
+    rg_status_t (*done)(rg_comm_req_t *req, int phase); /* may be NULL; RG_INPROGRESS: the
+                                                            request switched algorithm */
+} comm_phases_t;
+
+static int ceil_log2(int n)
+{
+    int k = 0;
+    while ((1 << k) < n) {
+        k++;
+    }
+    return k;
+}
+
+static int mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+/* ---- local data movement, host or device ----------------------------------------------- */
+
+void *comm_buf_alloc(rg_comm_req_t *req, size_t bytes)
+{
+    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
+        return comm_dev_alloc(bytes);
+    }
+    return malloc(bytes ? bytes : 1);
+}
+
+void comm_buf_free(rg_comm_req_t *req, void *p)
+{
+    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
+        comm_dev_free(p);
+    } else {
+        free(p);
+    }
+}
+
+rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes)
+{
+    if (dst == src || bytes == 0) {
+        return RG_OK;
+    }
+    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
+        return comm_copy_dev(dst, src, bytes);
+    }
+    memmove(dst, src, bytes);
+    return RG_OK;
+}
+
+rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, const void *b,
+                              size_t n)
+{
+    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
+        return comm_reduce_dev(req->dtype, req->op, dst, a, b, n);
+    }
+    comm_reduce(req->dtype, req->op, dst, a, b, n);
+    return RG_OK;
+}
+
+rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n)
+{
+    if (req->op != RG_OP_AVG) {
+        return RG_OK;
+    }
+    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
+        return comm_reduce_scale_dev(req->dtype, buf, n, req->comm->size);
+    }
+    comm_reduce_scale(req->dtype, buf, n, req->comm->size);
+    return RG_OK;
+}
+
+/* ---- the phase engine ------------------------------------------------------------------ */
+
+static rg_status_t comm_phases_advance(rg_comm_req_t *req)
+{
+    const comm_phases_t *ph = req->phases;
+    for (int guard = 0; guard <= req->n_phases + 1; guard++) {
+        if (req->phase >= 0) {
+            rg_status_t st = comm_xfers_test(req, 0, req->n_xfers);
+            if (st != RG_OK) {
+                return st;
+            }
+            if (ph->done != NULL) {
+                st = ph->done(req, req->phase);
+                if (st == RG_INPROGRESS) {
+                    return req->advance(req); /* switched to the ring */
+                }
+                if (st != RG_OK) {
+                    return st;
+                }
+            }
+        }
+        req->phase++;
+        if (req->phase >= req->n_phases) {
+            return RG_OK;
+        }
+        rg_status_t st = ph->post(req, req->phase);
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    return RG_INPROGRESS;
+}
+
+rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n)
+{
+    rg_status_t result = RG_OK;
+    for (int i = first; i < first + n; i++) {
+        rg_status_t st = comm_xfer_test(req, &req->xfers[i]);
+        if (st == RG_INPROGRESS) {
+            result = RG_INPROGRESS;
+        } else if (st != RG_OK) {
+            return st;
+        }
+    }
+    return result;
+}
+
+static uint64_t tag_from(rg_comm_req_t *req, int src, uint32_t sub)
+{
+    return comm_tag(req->comm, src, req->seq, sub);
+}
+
+static rg_status_t send_to(rg_comm_req_t *req, int xi, int peer, uint32_t sub, const void *buf,
+                           size_t len)
+{
+    return comm_xfer_send(req, &req->xfers[xi], peer, tag_from(req, req->comm->rank, sub), buf,
+                          len);
+}
+
+static rg_status_t recv_from(rg_comm_req_t *req, int xi, int peer, uint32_t sub, void *buf,
+                             size_t len)
+{
+    return comm_xfer_recv(req, &req->xfers[xi], peer, tag_from(req, peer, sub), buf, len);
+}
+
+/* ---- barrier --------------------------------------------------------------------------- */
+
+static rg_status_t barrier_post(rg_comm_req_t *req, int k)
+{
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const int d = 1 << k;
+    rg_status_t st = recv_from(req, 0, mod(r - d, n), (uint32_t)k, req->tmp + 1, 1);
+    if (st == RG_OK) {
+        st = send_to(req, 1, mod(r + d, n), (uint32_t)k, req->tmp, 1);
+    }
+    return st;
+}
+
+static const comm_phases_t barrier_phases = {barrier_post, NULL};
+
+/* ---- broadcast: binomial tree ---------------------------------------------------------- */
+
+static rg_status_t bcast_tree_post(rg_comm_req_t *req, int phase)
+{
+    const int n = req->comm->size;
+    const int vr = mod(req->comm->rank - req->root, n);
+    const size_t len = req->count * req->esize;
+    const int low = vr == 0 ? (1 << ceil_log2(n)) : (vr & -vr);
+    if (phase == 0) {
+        if (vr != 0) {
+            return recv_from(req, 0, mod(vr - low + req->root, n), 0, req->out, len);
+        }
+        return RG_OK;
+    }
+    int xi = 1;
+    for (int m = low >> 1; m >= 1; m >>= 1) {
+        if (vr + m < n) {
+            rg_status_t st = send_to(req, xi++, mod(vr + m + req->root, n), 0, req->out, len);
+            if (st != RG_OK) {
+                return st;
+            }
+        }
+    }
+    return RG_OK;
+}
+
+static const comm_phases_t bcast_tree_phases = {bcast_tree_post, NULL};
+
+/* ---- broadcast: scatter from the root, then ring allgather ----------------------------- */
+
+static void chunk_range(size_t count, int n, int c, size_t *off, size_t *len)
+{
+    size_t base = count / (size_t)n;
+    size_t rem = count % (size_t)n;
+    *off = (size_t)c * base + RG_MIN((size_t)c, rem);
+    *len = base + ((size_t)c < rem ? 1 : 0);
+}
+
+static rg_status_t bcast_scatter_post(rg_comm_req_t *req, int phase)
+{
+    (void)phase;
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    size_t off;
+    size_t len;
+    if (r != req->root) {
+        chunk_range(req->count, n, r, &off, &len);
+        return len ? recv_from(req, 0, req->root, 0, req->out + off * req->esize,
+                               len * req->esize)
+                   : RG_OK;
+    }
+    for (int c = 0, xi = 0; c < n; c++) {
+        chunk_range(req->count, n, c, &off, &len);
+        if (c == r || len == 0) {
+            continue;
+        }
+        rg_status_t st = send_to(req, xi++, c, 0, req->out + off * req->esize, len * req->esize);
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    return RG_OK;
+}
+
+static rg_status_t bcast_scatter_done(rg_comm_req_t *req, int phase)
+{
+    (void)phase;
+    comm_ring_cfg_t cfg = {
+        .do_ag = true,
+        .shift = -1,
+        .base = req->count / (size_t)req->comm->size,
+        .rem = req->count % (size_t)req->comm->size,
+    };
+    rg_status_t st = comm_ring_init(req, &cfg);
+    return st == RG_OK ? RG_INPROGRESS : st;
+}
+
+static const comm_phases_t bcast_scatter_phases = {bcast_scatter_post, bcast_scatter_done};
+
+/* ---- allreduce: recursive doubling ----------------------------------------------------- */
+
+typedef struct {
+    int p2;     /* largest power of two <= n */
+    int rem;    /* n - p2 */
+    int vrank;  /* rank among the p2, or -1 while folded out */
+} rd_shape_t;
+
+static rd_shape_t rd_shape(int n, int r)
+{
+    rd_shape_t s;
+    s.p2 = 1 << (ceil_log2(n + 1) - 1);
+    s.rem = n - s.p2;
+    if (r < 2 * s.rem) {
+        s.vrank = (r % 2 == 1) ? r / 2 : -1;
+    } else {
+        s.vrank = r - s.rem;
+    }
+    return s;
+}
+
+static int rd_real(const rd_shape_t *s, int v)
+{
+    return v < s->rem ? 2 * v + 1 : v + s->rem;
+}
+
+static rg_status_t rd_post(rg_comm_req_t *req, int phase)
+{
+    const int r = req->comm->rank;
+    const rd_shape_t s = rd_shape(req->comm->size, r);
+    const size_t len = req->count * req->esize;
+    const int last = req->n_phases - 1;
+    if (phase == 0 || phase == last) {
+        if (phase == last && s.vrank >= 0) {
+            rg_status_t st = comm_local_scale(req, req->out, req->count);
+            if (st != RG_OK) {
+                return st;
+            }
+        }
+        if (r >= 2 * s.rem) {
+            return RG_OK;
+        }
+        bool even = r % 2 == 0;
+        if (phase == 0) {
+            return even ? send_to(req, 0, r + 1, 0, req->out, len)
+                        : recv_from(req, 0, r - 1, 0, req->tmp, len);
+        }
+        return even ? recv_from(req, 0, r + 1, (uint32_t)phase, req->out, len)
+                    : send_to(req, 0, r - 1, (uint32_t)phase, req->out, len);
+    }
+    if (s.vrank < 0) {
+        return RG_OK;
+    }
+    int partner = rd_real(&s, s.vrank ^ (1 << (phase - 1)));
+    rg_status_t st = recv_from(req, 0, partner, (uint32_t)phase, req->tmp, len);
+    if (st == RG_OK) {
+        st = send_to(req, 1, partner, (uint32_t)phase, req->out, len);
+    }
+    return st;
+}
+
+static rg_status_t rd_done(rg_comm_req_t *req, int phase)
+{
+    const int r = req->comm->rank;
+    const rd_shape_t s = rd_shape(req->comm->size, r);
+    if (phase == req->n_phases - 1 || s.vrank < 0) {
+        return RG_OK;
+    }
+    if (phase == 0 && r >= 2 * s.rem) {
+        return RG_OK;
+    }
+    return comm_local_reduce(req, req->out, req->out, req->tmp, req->count);
+}
+
+static const comm_phases_t rd_phases = {rd_post, rd_done};
+
+/* ---- allgather: direct ----------------------------------------------------------------- */
+
+static rg_status_t ag_direct_post(rg_comm_req_t *req, int phase)
+{
+    (void)phase;
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const size_t blk = req->count * req->esize;
+    for (int i = 1, xi = 0; i < n; i++) {
+        int to = mod(r + i, n);
+        int from = mod(r - i, n);
+        rg_status_t st = recv_from(req, xi++, from, 0, req->out + (size_t)from * blk, blk);
+        if (st == RG_OK) {
+            st = send_to(req, xi++, to, 0, req->out + (size_t)r * blk, blk);
+        }
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    return RG_OK;
+}
+
+static const comm_phases_t ag_direct_phases = {ag_direct_post, NULL};
+
+/* ---- reduce_scatter: direct ------------------------------------------------------------ */
+
+static rg_status_t rs_direct_post(rg_comm_req_t *req, int phase)
+{
+    (void)phase;
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const size_t blk = req->count * req->esize;
+    for (int i = 1, xi = 0; i < n; i++) {
+        int to = mod(r + i, n);
+        int from = mod(r - i, n);
+        int slot = from < r ? from : from - 1;
+        rg_status_t st = recv_from(req, xi++, from, 0, req->tmp + (size_t)slot * blk, blk);
+        if (st == RG_OK) {
+            st = send_to(req, xi++, to, 0, req->in + (size_t)to * blk, blk);
+        }
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    return RG_OK;
+}
+
+static rg_status_t rs_direct_done(rg_comm_req_t *req, int phase)
+{
+    (void)phase;
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const size_t blk = req->count * req->esize;
+    char *dst = req->dst;
+    const char *own = req->in + (size_t)r * blk;
+    /* Own contribution first, then the others in rank order after it: a fixed order. */
+    for (int i = 1; i < n; i++) {
+        int from = mod(r + i, n);
+        int slot = from < r ? from : from - 1;
+        rg_status_t st = comm_local_reduce(req, dst, i == 1 ? own : dst,
+                                           req->tmp + (size_t)slot * blk, req->count);
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    return comm_local_scale(req, dst, req->count);
+}
+
+static const comm_phases_t rs_direct_phases = {rs_direct_post, rs_direct_done};
+
+/* ---- choosing ---------------------------------------------------------------------------- */
+
+static rg_status_t comm_done_advance(rg_comm_req_t *req)
+{
+    (void)req;
+    return RG_OK;
+}
+
+static rg_status_t use_phases(rg_comm_req_t *req, const comm_phases_t *ph, int n_phases,
+                              int n_xfers, size_t tmp_bytes)
+{
+    req->phases = ph;
+    req->n_phases = n_phases;
+    req->phase = -1;
+    req->advance = comm_phases_advance;
+    if (n_xfers > 0) {
+        req->xfers = calloc((size_t)n_xfers, sizeof(*req->xfers));
+        if (req->xfers == NULL) {
+            return rg_error(RG_ENOMEM, "%s: out of memory", req->name);
+        }
+        req->n_xfers = n_xfers;
+    }
+    if (tmp_bytes > 0) {
+        req->tmp = comm_buf_alloc(req, tmp_bytes);
+        if (req->tmp == NULL) {
+            return rg_error(RG_ENOMEM, "%s: out of memory for %zu scratch bytes", req->name,
+                            tmp_bytes);
+        }
+    }
+    return RG_OK;
+}
+
+static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
+{
+    rg_comm_t *comm = req->comm;
+    const int n = comm->size;
+    const int r = comm->rank;
+    const size_t bytes = req->count * req->esize;
+    const bool ring = bytes >= comm->ring_min_bytes;
+    rg_status_t st;
+
+    switch (kind) {
+    case COMM_BARRIER:
+        st = use_phases(req, &barrier_phases, ceil_log2(n), 2, 2);
+        if (st == RG_OK) {
+            memset(req->tmp, 0, 2);
+        }
+        return st;
+    case COMM_BCAST:
+        if (n == 1) {
+            break;
+        }
+        if (ring && req->count >= (size_t)n) {
+            return use_phases(req, &bcast_scatter_phases, 1, n, 0);
+        }
+        return use_phases(req, &bcast_tree_phases, 2, 1 + ceil_log2(n), 0);
+    case COMM_ALLREDUCE:
+        st = comm_local_copy(req, req->out, req->in, bytes);
+        if (st != RG_OK) {
+            return st;
+        }
+        if (n == 1) {
+            break;
+        }
+        if (ring && req->count >= (size_t)n) {
+            req->in = req->out; /* copied: reduce in place, no extra pass over sendbuf */
+            comm_ring_cfg_t cfg = {.do_rs = true, .do_ag = true, .base = req->count / (size_t)n,
+                                   .rem = req->count % (size_t)n};
+            return comm_ring_init(req, &cfg);
+        }
+        return use_phases(req, &rd_phases, 2 + ceil_log2(rd_shape(n, r).p2), 2, bytes);
+    case COMM_ALLGATHER:
+        if (req->in != NULL) {
+            st = comm_local_copy(req, req->out + (size_t)r * bytes, req->in, bytes);
+            if (st != RG_OK) {
+                return st;
+            }
+        }
+        if (n == 1) {
+            break;
+        }
+        if (ring) {
+            comm_ring_cfg_t cfg = {.do_ag = true, .shift = -1, .base = req->count};
+            return comm_ring_init(req, &cfg);
+        }
+        return use_phases(req, &ag_direct_phases, 1, 2 * (n - 1), 0);
+    case COMM_REDSCAT: {
+        char *final = req->in == req->out ? req->out + (size_t)r * bytes : req->out;
+        if (n == 1) {
+            st = comm_local_copy(req, final, req->in, bytes);
+            if (st == RG_OK) {
+                st = comm_local_scale(req, final, req->count);
+            }
+            req->advance = comm_done_advance;
+            return st;
+        }
+        if (ring) {
+            comm_ring_cfg_t cfg = {.do_rs = true, .shift = -1, .base = req->count,
+                                   .rs_final = final};
+            return comm_ring_init(req, &cfg);
+        }
+        st = use_phases(req, &rs_direct_phases, 1, 2 * (n - 1), (size_t)(n - 1) * bytes);
+        req->dst = final;
+        return st;
+    }
+    }
+    req->advance = comm_done_advance;
+    return RG_OK;
+}
+
+rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void *recvbuf,
+                           size_t count, rg_dtype_t dtype, rg_redop_t op, int root,
+                           const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
+{
+    static const char *const names[] = {"barrier", "broadcast", "allreduce", "allgather",
+                                        "reduce_scatter"};
+    const char *name = names[kind];
+    rg_status_t st = comm_check_args(comm, name, dtype, count,
+                                     comm != NULL && (kind == COMM_ALLGATHER ||
+                                                      kind == COMM_REDSCAT)
+                                         ? (size_t)comm->size
+                                         : 1,
+                                     opts, req_p);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (kind == COMM_ALLREDUCE || kind == COMM_REDSCAT) {
+        st = comm_check_op(name, dtype, op);
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    if (kind == COMM_BCAST && (root < 0 || root >= comm->size)) {
+        return rg_error(RG_EINVAL, "%s: root %d out of range (size %d)", name, root,
+                        comm->size);
+    }
+    if (kind != COMM_BARRIER && count > 0 && (recvbuf == NULL || sendbuf == NULL)) {
+        return rg_error(RG_EINVAL, "%s: NULL buffer", name);
+    }
+    rg_comm_req_t *req = NULL;
+    st = comm_req_new(comm, name, opts, 0, &req);
+    if (st != RG_OK) {
+        return st;
+    }
+    req->seq = comm->seq++;
+    req->dtype = dtype;
+    req->op = op;
+    req->esize = rg_dtype_size(dtype);
+    req->count = count;
+    req->root = root;
+    req->out = recvbuf;
+    bool in_place = sendbuf == RG_COMM_IN_PLACE || sendbuf == recvbuf;
+    req->in = in_place ? (kind == COMM_ALLGATHER ? NULL : recvbuf) : sendbuf;
+    if (count == 0 && kind != COMM_BARRIER) {
+        req->advance = comm_done_advance;
+    } else {
+        st = comm_algo_choose(req, kind);
+        if (st != RG_OK) {
+            comm_req_release(req);
+            return st;
+        }
+    }
+    (void)comm_req_start(req);
+    *req_p = req;
+    return RG_OK;
+}

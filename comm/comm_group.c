@@ -1,0 +1,121 @@
+/* The group object: allocation, tuning knobs, accessors and destroy. */
+#include "comm_internal.h"
+
+#include <stdlib.h>
+
+#define COMM_DEFAULT_TIMEOUT_MS   30000
+#define COMM_DEFAULT_RING_MIN     (64 * 1024)
+#define COMM_DEFAULT_SEGMENT      (256 * 1024)
+
+/* A size from the environment: default when unset, an error naming it when malformed. */
+static rg_status_t comm_env_size(const char *name, size_t def, size_t min, size_t *out)
+{
+    const char *v = getenv(name);
+    int64_t x;
+    if (v == NULL || *v == '\0') {
+        *out = def;
+        return RG_OK;
+    }
+    if (!rg_parse_i64(v, &x) || x < (int64_t)min || x > (int64_t)1 << 40) {
+        return rg_error(RG_EINVAL, "%s=%s: expected a byte count between %zu and 2^40", name,
+                        v, min);
+    }
+    *out = (size_t)x;
+    return RG_OK;
+}
+
+rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **comm_p)
+{
+    if (size < 1 || size > RG_COMM_MAX_SIZE || rank < 0 || rank >= size) {
+        return rg_error(RG_EINVAL, "rank %d of size %d: out of range (size 1..%d)", rank, size,
+                        RG_COMM_MAX_SIZE);
+    }
+    if (timeout_ms < 0) {
+        return rg_error(RG_EINVAL, "negative operation timeout %lld ms", (long long)timeout_ms);
+    }
+    rg_comm_t *comm = calloc(1, sizeof(*comm));
+    if (comm == NULL) {
+        return rg_error(RG_ENOMEM, "out of memory for a group of %d", size);
+    }
+    comm->rank = rank;
+    comm->size = size;
+    comm->timeout_ms = timeout_ms ? timeout_ms : COMM_DEFAULT_TIMEOUT_MS;
+    comm->healthy = true;
+    comm->failed_rank = -1;
+    rg_status_t st = comm_env_size("REGROUP_COMM_RING_MIN_BYTES", COMM_DEFAULT_RING_MIN, 0,
+                                   &comm->ring_min_bytes);
+    if (st == RG_OK) {
+        st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES", COMM_DEFAULT_SEGMENT, 64,
+                           &comm->seg_bytes);
+    }
+    if (st != RG_OK) {
+        free(comm);
+        return st;
+    }
+    comm->eps = calloc((size_t)size, sizeof(*comm->eps));
+    comm->peers = calloc((size_t)size, sizeof(*comm->peers));
+    comm->peer_dead = calloc((size_t)size, sizeof(*comm->peer_dead));
+    comm->peer_left = calloc((size_t)size, sizeof(*comm->peer_left));
+    comm->peer_status = calloc((size_t)size, sizeof(*comm->peer_status));
+    comm->scratch_reqs = calloc((size_t)size, sizeof(*comm->scratch_reqs));
+    if (comm->eps == NULL || comm->peers == NULL || comm->peer_dead == NULL ||
+        comm->peer_left == NULL || comm->peer_status == NULL || comm->scratch_reqs == NULL) {
+        rg_comm_destroy(comm);
+        return rg_error(RG_ENOMEM, "out of memory for a group of %d", size);
+    }
+    for (int p = 0; p < size; p++) {
+        comm->peers[p].comm = comm;
+        comm->peers[p].rank = p;
+    }
+    st = comm_ucx_open(comm);
+    if (st != RG_OK) {
+        rg_comm_destroy(comm);
+        return st;
+    }
+    *comm_p = comm;
+    return RG_OK;
+}
+
+void rg_comm_destroy(rg_comm_t *comm)
+{
+    if (comm == NULL) {
+        return;
+    }
+    /* Requests still posted are abandoned: their buffers go to the graveyard. */
+    for (int guard = 0; comm->head != NULL && guard < 1 << 20; guard++) {
+        rg_comm_req_t *req = comm->head;
+        for (int i = 0; i < req->n_xfers; i++) {
+            comm_xfer_abandon(comm, &req->xfers[i]);
+        }
+        comm_req_bury(req);
+        comm_req_finish(req, RG_ECANCELED);
+    }
+    comm_ucx_close(comm);
+    free(comm->eps);
+    free(comm->peers);
+    free(comm->peer_dead);
+    free(comm->peer_left);
+    free(comm->peer_status);
+    free(comm->scratch_reqs);
+    free(comm);
+}
+
+int rg_comm_rank(const rg_comm_t *comm)
+{
+    return comm != NULL ? comm->rank : -1;
+}
+
+int rg_comm_size(const rg_comm_t *comm)
+{
+    return comm != NULL ? comm->size : 0;
+}
+
+bool rg_comm_is_healthy(const rg_comm_t *comm)
+{
+    return comm != NULL && comm->healthy;
+}
+
+int rg_comm_failed_rank(const rg_comm_t *comm)
+{
+    return comm != NULL ? comm->failed_rank : -1;
+}

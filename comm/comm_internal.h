@@ -1,0 +1,225 @@
+/*
+ * comm/ internals: the group, its requests and the UCX transfer layer.
+ *
+ * A request is a small state machine. It owns a set of transfers (tagged UCX sends and
+ * receives, polled with ucp_request_check_status / ucp_tag_recv_request_test: no completion
+ * callbacks, so an abandoned request never calls back into freed memory). Every progress
+ * pass runs ucp_worker_progress, then calls each posted request's `advance` function, which
+ * tests its transfers, reduces what arrived and posts the next transfers.
+ *
+ * Tags (64 bits, always matched with a full mask):
+ *   bit 63     user point to point     | bits 61..50 source rank | bits 31..0 user tag
+ *   bit 62     control (abort, leave)  | any source, one posted wildcard receive
+ *   bits 63,62 clear: collective       | bits 61..50 source rank | 49..32 sequence | 31..0 sub
+ *
+ * Failure: the endpoint error callback only records the peer. A progress pass then fails the
+ * group (if an operation is posted, or at the next post): it tells every live peer with an
+ * abort control message (so ranks not talking to the dead one fail at once too), cancels the
+ * posted receives, force-closes the endpoints and fails every posted request. A deadline that
+ * passes does the same with RG_ETIMEDOUT, without the abort message.
+ */
+#ifndef RG_COMM_INTERNAL_H
+#define RG_COMM_INTERNAL_H
+
+#include "rg_common.h"
+
+#include <regroup/comm.h>
+
+#include <ucp/api/ucp.h>
+
+#define COMM_TAG_P2P      (1ull << 63)
+#define COMM_TAG_CTRL     (1ull << 62)
+#define COMM_TAG_SRC_SHIFT 50
+#define COMM_TAG_SEQ_SHIFT 32
+#define COMM_TAG_SEQ_MASK  ((1u << 18) - 1)
+
+#define COMM_CTRL_ABORT 1u
+#define COMM_CTRL_LEAVE 2u
+
+typedef struct {
+    rg_comm_t *comm;
+    int        rank;
+} comm_peer_t;
+
+/* One tagged UCX transfer of a request. */
+typedef struct {
+    void  *ucx;       /* UCX request while in flight, else NULL */
+    int    peer;
+    bool   is_recv;
+    bool   active;    /* posted and not yet completed */
+    size_t len;       /* bytes expected (receive) */
+} comm_xfer_t;
+
+typedef rg_status_t (*comm_advance_fn)(rg_comm_req_t *req);
+
+struct rg_comm_req {
+    rg_comm_t      *comm;
+    rg_comm_req_t  *prev;
+    rg_comm_req_t  *next;
+    bool            posted;   /* in the group's list */
+    rg_status_t     status;   /* RG_INPROGRESS until done */
+    uint64_t        deadline;
+    const char     *name;     /* "allreduce", ... for messages */
+    comm_advance_fn advance;
+    uint32_t        seq;
+    bool            is_p2p;
+    int             p2p_peer;
+
+    ucs_memory_type_t mem;
+    rg_dtype_t      dtype;
+    rg_redop_t      op;
+    size_t          esize;
+    size_t          count;
+    const char     *in;       /* input (== out when in place) */
+    char           *out;
+    int             root;
+    char           *dst;      /* reduce_scatter: where the result goes (user memory) */
+    char            errmsg[256];
+
+    comm_xfer_t    *xfers;
+    int             n_xfers;
+    const void     *phases;   /* small algorithms (comm_algo.c) */
+    int             n_phases;
+    int             phase;    /* the round posted, -1 before the first */
+    char           *tmp;      /* scratch owned by the request */
+    char           *acc;
+
+    /* ring (comm_ring.c) */
+    struct comm_ring *ring;
+};
+
+struct rg_comm {
+    int           rank;
+    int           size;
+    int64_t       timeout_ms;
+    ucp_context_h ctx;
+    ucp_worker_h  worker;
+    ucp_ep_h     *eps;          /* [size]; eps[rank] NULL */
+    comm_peer_t  *peers;        /* error callback arguments */
+    bool         *peer_dead;    /* error callback seen */
+    bool         *peer_left;    /* sent a leave message (clean destroy) */
+    ucs_status_t *peer_status;  /* what the error callback said */
+    int           n_dead;       /* error callbacks seen */
+    int           n_dead_seen;  /* of those, handled by a progress pass */
+    int           n_left;
+    void        **scratch_reqs; /* [size] for control sends and closes */
+    uint64_t      ctrl_out[2];
+    void        **grave;        /* buffers of failed requests, freed after the worker */
+    size_t        n_grave;
+    size_t        cap_grave;
+    bool          healthy;
+    bool          closing;      /* in rg_comm_destroy */
+    int           failed_rank;
+    uint32_t      seq;
+    size_t        ring_min_bytes; /* messages this large use the ring */
+    size_t        seg_bytes;      /* ring segment */
+    rg_comm_req_t *head;        /* posted requests, in post order */
+    rg_comm_req_t *tail;
+    unsigned      n_posted;
+    void         *ctrl_req;     /* the posted wildcard control receive */
+    uint64_t      ctrl_buf[2];
+    rg_status_t   fail_status;
+    char          fail_msg[256];
+};
+
+/* ---- comm_group.c ---------------------------------------------------------------------- */
+
+/* Allocates a group and opens its UCX worker (not yet connected). */
+rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **comm_p);
+
+/* ---- comm_ucx.c ------------------------------------------------------------------------ */
+
+/* Makes the context and worker; *addr_p (free with comm_ucx_release_address) is published. */
+rg_status_t comm_ucx_open(rg_comm_t *comm);
+rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p);
+void        comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr);
+/* Connects to every peer from their worker addresses (addrs[rank] unused). */
+rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens);
+void        comm_ucx_close(rg_comm_t *comm);
+/* One progress pass over the worker and every posted request; true if anything moved. */
+bool        comm_progress(rg_comm_t *comm);
+/* Fails the group: abort message (if tell_peers), cancel, close, fail posted requests. */
+rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_peers,
+                      const char *fmt, ...) RG_PRINTF(5, 6);
+/* The group's failure as this call's error (RG_EPEER with the first message). */
+rg_status_t comm_unhealthy_error(const rg_comm_t *comm, const char *what);
+
+void        comm_ctrl_handle(rg_comm_t *comm, size_t len);
+void        comm_grave_add(rg_comm_t *comm, void *p);
+
+uint64_t    comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub);
+rg_status_t comm_xfer_send(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
+                           const void *buf, size_t len);
+rg_status_t comm_xfer_recv(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
+                           void *buf, size_t len);
+/* RG_OK when done (or never posted), RG_INPROGRESS, or the group's failure. */
+rg_status_t comm_xfer_test(rg_comm_req_t *req, comm_xfer_t *x);
+/* Cancels/abandons a transfer (receives are canceled; UCX frees both when they end). */
+void        comm_xfer_abandon(rg_comm_t *comm, comm_xfer_t *x);
+
+/* ---- comm_req.c ------------------------------------------------------------------------ */
+
+rg_status_t comm_req_new(rg_comm_t *comm, const char *name, const rg_comm_opts_t *opts,
+                         int n_xfers, rg_comm_req_t **req_p);
+/* Adds req to the posted list and runs its first advance. */
+rg_status_t comm_req_start(rg_comm_req_t *req);
+void        comm_req_finish(rg_comm_req_t *req, rg_status_t status);
+/* Hands the request's receive buffers to the group's graveyard (see comm_fail). */
+void        comm_req_bury(rg_comm_req_t *req);
+/* Blocking helper: post result + wait + free. */
+rg_status_t comm_req_run(rg_status_t post_status, rg_comm_req_t *req);
+/* Frees a request that was never started. */
+void        comm_req_release(rg_comm_req_t *req);
+rg_status_t comm_check_args(rg_comm_t *comm, const char *name, rg_dtype_t dtype, size_t count,
+                            size_t mult, const rg_comm_opts_t *opts, void *req_p);
+rg_status_t comm_check_op(const char *name, rg_dtype_t dtype, rg_redop_t op);
+/* Tests every transfer of req in [first, first + n); RG_OK when all done. */
+rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);
+
+/* ---- comm_algo.c ----------------------------------------------------------------------- */
+
+enum { COMM_BARRIER, COMM_BCAST, COMM_ALLREDUCE, COMM_ALLGATHER, COMM_REDSCAT };
+rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void *recvbuf,
+                           size_t count, rg_dtype_t dtype, rg_redop_t op, int root,
+                           const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
+void       *comm_buf_alloc(rg_comm_req_t *req, size_t bytes);
+void        comm_buf_free(rg_comm_req_t *req, void *p);
+rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes);
+rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, const void *b,
+                              size_t n);
+/* Divides by the group size when the op is avg. */
+rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n);
+
+/* ---- comm_ring.c ----------------------------------------------------------------------- */
+
+/* Segmented ring: reduce-scatter steps, then allgather steps. */
+typedef struct {
+    bool   do_rs;       /* reduce-scatter steps */
+    bool   do_ag;       /* allgather steps */
+    int    shift;       /* chunk rotation: rank r owns chunk r + 1 + shift after rs */
+    size_t base;        /* chunk c has base (+1 if c < rem) elements */
+    size_t rem;
+    char  *rs_final;    /* rs only: where the owned chunk's result goes (NULL: in out) */
+} comm_ring_cfg_t;
+
+/* Switches req to the ring: allocates its state and sets req->advance. */
+rg_status_t comm_ring_init(rg_comm_req_t *req, const comm_ring_cfg_t *cfg);
+void        comm_ring_free(rg_comm_req_t *req);
+
+/* ---- comm_reduce.c --------------------------------------------------------------------- */
+
+/* dst[i] = a[i] op b[i] for n elements; dst may alias a or b. */
+void comm_reduce(rg_dtype_t dtype, rg_redop_t op, void *dst, const void *a, const void *b,
+                 size_t n);
+/* buf[i] /= divisor (avg); floating types only. */
+void comm_reduce_scale(rg_dtype_t dtype, void *buf, size_t n, int divisor);
+/* Device-memory versions (comm_cuda.cu); RG_ENOTSUP without CUDA. */
+rg_status_t comm_reduce_dev(rg_dtype_t dtype, rg_redop_t op, void *dst, const void *a,
+                            const void *b, size_t n);
+rg_status_t comm_reduce_scale_dev(rg_dtype_t dtype, void *buf, size_t n, int divisor);
+rg_status_t comm_copy_dev(void *dst, const void *src, size_t n);
+void       *comm_dev_alloc(size_t bytes);
+void        comm_dev_free(void *p);
+bool        comm_cuda_available(void);
+
+#endif

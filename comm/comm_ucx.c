@@ -1,0 +1,625 @@
+/*
+ * The UCX layer of a group: context and worker, endpoints with peer-failure handling,
+ * tagged transfers polled without callbacks, the progress pass, and failing the group.
+ * The only place where ucs_status_t is turned into rg_status_t.
+ */
+#include "comm_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define COMM_CLOSE_WAIT_MS 200
+#define COMM_ABORT_WAIT_MS 20
+
+/* Whether UCX_TLS lets a shared-memory transport in (setting MM_ERROR_HANDLING otherwise
+ * makes UCX warn about an unused setting). */
+static bool comm_tls_has_mm(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || *tls == '\0') {
+        return true;
+    }
+    static const char *const mm[] = {"sm", "shm", "posix", "sysv", "mm", "all"};
+    for (size_t i = 0; i < RG_ARRAY_SIZE(mm); i++) {
+        if (strstr(tls, mm[i]) != NULL) {
+            return true;
+        }
+    }
+    return tls[0] == '^'; /* an exclusion list keeps the others */
+}
+
+/* UCX settings the group needs unless the user chose otherwise (see comm.h). */
+static void comm_ucx_config_defaults(ucp_config_t *config, int size)
+{
+    static const char *const names[][2] = {
+        {"MM_ERROR_HANDLING", "y"},
+        {"KEEPALIVE_INTERVAL", "100ms"},
+    };
+    char env[64];
+    for (size_t i = 0; i < RG_ARRAY_SIZE(names); i++) {
+        snprintf(env, sizeof(env), "UCX_%s", names[i][0]);
+        /* UCX_POSIX_ and UCX_SYSV_ERROR_HANDLING override MM_ for one transport: respect
+         * them as the user's choice too. */
+        bool user_mm = i == 0 && (getenv("UCX_POSIX_ERROR_HANDLING") != NULL ||
+                                  getenv("UCX_SYSV_ERROR_HANDLING") != NULL || !comm_tls_has_mm());
+        if (getenv(env) == NULL && !user_mm) {
+            ucs_status_t st = ucp_config_modify(config, names[i][0], names[i][1]);
+            if (st != UCS_OK) {
+                rg_debug("ucp_config_modify %s: %s", names[i][0], ucs_status_string(st));
+            }
+        }
+    }
+    if (getenv("UCX_KEEPALIVE_NUM_EPS") == NULL) {
+        char v[32];
+        snprintf(v, sizeof(v), "%d", RG_MAX(size, 128));
+        (void)ucp_config_modify(config, "KEEPALIVE_NUM_EPS", v);
+    }
+}
+
+rg_status_t comm_ucx_open(rg_comm_t *comm)
+{
+    ucp_config_t *config = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+    if (st != UCS_OK) {
+        return rg_error(RG_EINVAL, "ucp_config_read: %s", ucs_status_string(st));
+    }
+    comm_ucx_config_defaults(config, comm->size);
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS,
+        .features = UCP_FEATURE_TAG,
+        .estimated_num_eps = (size_t)comm->size,
+    };
+    st = ucp_init(&params, config, &comm->ctx);
+    ucp_config_release(config);
+    if (st != UCS_OK) {
+        return rg_error(RG_EUNREACH, "ucp_init: %s", ucs_status_string(st));
+    }
+    ucp_worker_params_t wparams = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    st = ucp_worker_create(comm->ctx, &wparams, &comm->worker);
+    if (st != UCS_OK) {
+        ucp_cleanup(comm->ctx);
+        comm->ctx = NULL;
+        return rg_error(RG_EUNREACH, "ucp_worker_create: %s", ucs_status_string(st));
+    }
+    return RG_OK;
+}
+
+rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p)
+{
+    ucp_address_t *addr = NULL;
+    size_t len = 0;
+    ucs_status_t st = ucp_worker_get_address(comm->worker, &addr, &len);
+    if (st != UCS_OK) {
+        return rg_error(RG_EUNREACH, "ucp_worker_get_address: %s", ucs_status_string(st));
+    }
+    *addr_p = addr;
+    *len_p = len;
+    return RG_OK;
+}
+
+void comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr)
+{
+    if (addr != NULL) {
+        ucp_worker_release_address(comm->worker, addr);
+    }
+}
+
+static void comm_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    comm_peer_t *peer = arg;
+    (void)ep;
+    if (!peer->comm->peer_dead[peer->rank]) {
+        peer->comm->peer_dead[peer->rank] = true;
+        peer->comm->peer_status[peer->rank] = status;
+        peer->comm->n_dead++;
+    }
+}
+
+static void comm_ctrl_post(rg_comm_t *comm);
+static void comm_ctrl_poll(rg_comm_t *comm);
+
+rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens)
+{
+    for (int p = 0; p < comm->size; p++) {
+        if (p == comm->rank) {
+            continue;
+        }
+        if (addrs[p] == NULL || lens[p] == 0) {
+            return rg_error(RG_EPROTO, "no worker address for rank %d", p);
+        }
+        ucp_ep_params_t ep_params = {
+            .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .address = addrs[p],
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = comm_ep_error, .arg = &comm->peers[p]},
+        };
+        ucs_status_t st = ucp_ep_create(comm->worker, &ep_params, &comm->eps[p]);
+        if (st != UCS_OK) {
+            comm->eps[p] = NULL;
+            return rg_error(RG_EUNREACH, "connecting to rank %d: ucp_ep_create: %s", p,
+                            ucs_status_string(st));
+        }
+    }
+    comm_ctrl_post(comm);
+    return RG_OK;
+}
+
+uint64_t comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub)
+{
+    (void)comm;
+    return ((uint64_t)src << COMM_TAG_SRC_SHIFT) |
+           ((uint64_t)(seq & COMM_TAG_SEQ_MASK) << COMM_TAG_SEQ_SHIFT) | sub;
+}
+
+/* ---- transfers ------------------------------------------------------------------------- */
+
+static rg_status_t comm_peer_error(rg_comm_t *comm, int peer, const char *what,
+                                   ucs_status_t st)
+{
+    return comm_fail(comm, RG_EPEER, peer, true, "%s with rank %d failed: %s", what, peer,
+                     ucs_status_string(st));
+}
+
+rg_status_t comm_xfer_send(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
+                           const void *buf, size_t len)
+{
+    rg_comm_t *comm = req->comm;
+    x->peer = peer;
+    x->is_recv = false;
+    x->active = false;
+    x->ucx = NULL;
+    x->len = len;
+    if (!comm->healthy) {
+        return comm_unhealthy_error(comm, req->name);
+    }
+    if (comm->eps[peer] == NULL || comm->peer_left[peer]) {
+        return comm_fail(comm, RG_EPEER, peer, true, "%s: rank %d has left the group",
+                         req->name, peer);
+    }
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        .memory_type = req->mem,
+    };
+    ucs_status_ptr_t r = ucp_tag_send_nbx(comm->eps[peer], buf, len, tag, &param);
+    if (UCS_PTR_IS_ERR(r)) {
+        return comm_peer_error(comm, peer, "send", UCS_PTR_STATUS(r));
+    }
+    if (r != NULL) {
+        x->ucx = r;
+        x->active = true;
+    }
+    return RG_OK;
+}
+
+rg_status_t comm_xfer_recv(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
+                           void *buf, size_t len)
+{
+    rg_comm_t *comm = req->comm;
+    x->peer = peer;
+    x->is_recv = true;
+    x->active = false;
+    x->ucx = NULL;
+    x->len = len;
+    if (!comm->healthy) {
+        return comm_unhealthy_error(comm, req->name);
+    }
+    /* Always a request: UCX 1.13 does not fill recv_info on an immediate completion. */
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        .memory_type = req->mem,
+    };
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(comm->worker, buf, len, tag, UINT64_MAX, &param);
+    if (UCS_PTR_IS_ERR(r) || r == NULL) {
+        if (UCS_PTR_STATUS(r) == UCS_ERR_MESSAGE_TRUNCATED) {
+            return rg_error(RG_EPROTO, "%s: message from rank %d longer than %zu bytes",
+                            req->name, peer, len);
+        }
+        return comm_peer_error(comm, peer, "receive", UCS_PTR_STATUS(r));
+    }
+    x->ucx = r;
+    x->active = true;
+    return RG_OK;
+}
+
+rg_status_t comm_xfer_test(rg_comm_req_t *req, comm_xfer_t *x)
+{
+    if (!x->active) {
+        return RG_OK;
+    }
+    rg_comm_t *comm = req->comm;
+    ucs_status_t st;
+    ucp_tag_recv_info_t info = {0};
+    if (x->is_recv) {
+        st = ucp_tag_recv_request_test(x->ucx, &info);
+    } else {
+        st = ucp_request_check_status(x->ucx);
+    }
+    if (st == UCS_INPROGRESS) {
+        return RG_INPROGRESS;
+    }
+    ucp_request_free(x->ucx);
+    x->ucx = NULL;
+    x->active = false;
+    if (st == UCS_ERR_MESSAGE_TRUNCATED) {
+        return rg_error(RG_EPROTO, "%s: message from rank %d longer than %zu bytes", req->name,
+                        x->peer, x->len);
+    }
+    if (st != UCS_OK) {
+        return comm_peer_error(comm, x->peer, x->is_recv ? "receive" : "send", st);
+    }
+    if (x->is_recv && info.length != x->len) {
+        return rg_error(RG_EPROTO, "%s: got %zu bytes from rank %d, expected %zu", req->name,
+                        info.length, x->peer, x->len);
+    }
+    return RG_OK;
+}
+
+void comm_xfer_abandon(rg_comm_t *comm, comm_xfer_t *x)
+{
+    if (!x->active) {
+        return;
+    }
+    if (x->is_recv) {
+        ucp_request_cancel(comm->worker, x->ucx);
+    }
+    ucp_request_free(x->ucx);
+    x->ucx = NULL;
+    x->active = false;
+}
+
+/* ---- control messages ------------------------------------------------------------------ */
+
+static void comm_ctrl_post(rg_comm_t *comm)
+{
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL};
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(comm->worker, comm->ctrl_buf, sizeof(comm->ctrl_buf),
+                                          COMM_TAG_CTRL, COMM_TAG_CTRL | COMM_TAG_P2P, &param);
+    if (UCS_PTR_IS_ERR(r) || r == NULL) {
+        rg_warn("posting the control receive: %s", ucs_status_string(UCS_PTR_STATUS(r)));
+        return;
+    }
+    comm->ctrl_req = r;
+}
+
+static void comm_send_ctrl(rg_comm_t *comm, uint32_t type, int about, void **reqs)
+{
+    comm->ctrl_out[0] = ((uint64_t)type << 32) | (uint32_t)comm->rank;
+    comm->ctrl_out[1] = (uint64_t)(int64_t)about;
+    for (int p = 0; p < comm->size; p++) {
+        reqs[p] = NULL;
+        if (p == comm->rank || comm->eps[p] == NULL || comm->peer_dead[p] ||
+            comm->peer_left[p]) {
+            continue;
+        }
+        ucp_request_param_t param = {0};
+        uint64_t tag = COMM_TAG_CTRL | ((uint64_t)comm->rank << COMM_TAG_SRC_SHIFT);
+        ucs_status_ptr_t r =
+            ucp_tag_send_nbx(comm->eps[p], comm->ctrl_out, sizeof(comm->ctrl_out), tag, &param);
+        if (!UCS_PTR_IS_ERR(r)) {
+            reqs[p] = r;
+        }
+    }
+}
+
+/* Progresses until the control sends are out, at most ms. */
+static void comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms)
+{
+    rg_deadline_t deadline = rg_deadline_in_ms(ms);
+    for (;;) {
+        bool pending = false;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i] != NULL && ucp_request_check_status(reqs[i]) == UCS_INPROGRESS) {
+                pending = true;
+            }
+        }
+        if (!pending || rg_deadline_passed(deadline)) {
+            break;
+        }
+        ucp_worker_progress(comm->worker);
+        comm_ctrl_poll(comm); /* keeps the control receive posted: no stray messages */
+    }
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != NULL) {
+            ucp_request_free(reqs[i]);
+            reqs[i] = NULL;
+        }
+    }
+}
+
+/* ---- failure --------------------------------------------------------------------------- */
+
+void comm_grave_add(rg_comm_t *comm, void *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    if (comm->n_grave == comm->cap_grave) {
+        size_t cap = comm->cap_grave ? 2 * comm->cap_grave : 16;
+        void **g = realloc(comm->grave, cap * sizeof(*g));
+        if (g == NULL) {
+            rg_warn("out of memory keeping a failed request's buffers; leaking them");
+            return;
+        }
+        comm->grave = g;
+        comm->cap_grave = cap;
+    }
+    comm->grave[comm->n_grave++] = p;
+}
+
+static void comm_close_eps(rg_comm_t *comm, bool force, int64_t wait_ms)
+{
+    void **reqs = comm->scratch_reqs;
+    for (int p = 0; p < comm->size; p++) {
+        reqs[p] = NULL;
+        if (comm->eps[p] == NULL) {
+            continue;
+        }
+        ucp_request_param_t param = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+            .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        };
+        ucs_status_ptr_t r = ucp_ep_close_nbx(comm->eps[p], &param);
+        if (!UCS_PTR_IS_ERR(r)) {
+            reqs[p] = r;
+        }
+        comm->eps[p] = NULL;
+    }
+    comm_wait_reqs(comm, reqs, comm->size, wait_ms);
+}
+
+rg_status_t comm_unhealthy_error(const rg_comm_t *comm, const char *what)
+{
+    return rg_error(RG_EPEER, "%s: the group is unusable after an earlier failure (%s)", what,
+                    comm->fail_msg);
+}
+
+rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_peers,
+                      const char *fmt, ...)
+{
+    if (!comm->healthy) {
+        return comm_unhealthy_error(comm, "operation");
+    }
+    comm->healthy = false;
+    comm->failed_rank = rank;
+    comm->fail_status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(comm->fail_msg, sizeof(comm->fail_msg), fmt, ap);
+    va_end(ap);
+    rg_warn("group of %d: %s", comm->size, comm->fail_msg);
+    (void)rg_error(status, "%s", comm->fail_msg); /* what the failed requests report */
+
+    if (tell_peers) {
+        comm_send_ctrl(comm, COMM_CTRL_ABORT, rank, comm->scratch_reqs);
+    }
+    if (comm->ctrl_req != NULL) {
+        ucp_request_cancel(comm->worker, comm->ctrl_req);
+        ucp_request_free(comm->ctrl_req);
+        comm->ctrl_req = NULL;
+    }
+    /* Every posted request fails; its buffers stay alive until the worker is destroyed,
+     * since a receive already matched cannot be canceled and may still write to them. */
+    for (int guard = 0; comm->head != NULL && guard < 1 << 20; guard++) {
+        rg_comm_req_t *req = comm->head;
+        for (int i = 0; i < req->n_xfers; i++) {
+            comm_xfer_abandon(comm, &req->xfers[i]);
+        }
+        comm_req_bury(req);
+        comm_req_finish(req, status);
+    }
+    if (tell_peers) {
+        comm_wait_reqs(comm, comm->scratch_reqs, comm->size, COMM_ABORT_WAIT_MS);
+    }
+    comm_close_eps(comm, true, COMM_CLOSE_WAIT_MS);
+    return rg_error(status, "%s", comm->fail_msg);
+}
+
+void comm_ctrl_handle(rg_comm_t *comm, size_t len)
+{
+    if (len != sizeof(comm->ctrl_buf)) {
+        rg_warn("ignoring a control message of %zu bytes", len);
+        return;
+    }
+    uint32_t type = (uint32_t)(comm->ctrl_buf[0] >> 32);
+    int from = (int)(uint32_t)comm->ctrl_buf[0];
+    int about = (int)(int64_t)comm->ctrl_buf[1];
+    if (from < 0 || from >= comm->size) {
+        rg_warn("ignoring a control message from unknown rank %d", from);
+        return;
+    }
+    if (type == COMM_CTRL_LEAVE) {
+        if (!comm->peer_left[from]) {
+            comm->peer_left[from] = true;
+            comm->n_left++;
+        }
+    } else if (type == COMM_CTRL_ABORT && comm->healthy && !comm->closing) {
+        if (about >= 0 && about < comm->size) {
+            (void)comm_fail(comm, RG_EPEER, about, false, "rank %d failed (reported by rank %d)",
+                            about, from);
+        } else {
+            (void)comm_fail(comm, RG_EPEER, from, false, "rank %d aborted the group", from);
+        }
+    }
+}
+
+static void comm_ctrl_poll(rg_comm_t *comm)
+{
+    if (comm->ctrl_req == NULL) {
+        return;
+    }
+    ucp_tag_recv_info_t info = {0};
+    ucs_status_t st = ucp_tag_recv_request_test(comm->ctrl_req, &info);
+    if (st == UCS_INPROGRESS) {
+        return;
+    }
+    ucp_request_free(comm->ctrl_req);
+    comm->ctrl_req = NULL;
+    if (st == UCS_OK) {
+        comm_ctrl_handle(comm, info.length);
+    }
+    if (comm->healthy || comm->closing) {
+        comm_ctrl_post(comm);
+    }
+}
+
+/* Peers whose endpoint failed, or that left while a request still waits on them. */
+static void comm_check_peers(rg_comm_t *comm)
+{
+    if (comm->n_dead > comm->n_dead_seen) {
+        comm->n_dead_seen = comm->n_dead;
+        for (int p = 0; p < comm->size && comm->healthy; p++) {
+            if (comm->peer_dead[p] && !comm->peer_left[p]) {
+                (void)comm_fail(comm, RG_EPEER, p, true, "rank %d failed: %s", p,
+                                ucs_status_string(comm->peer_status[p]));
+            }
+        }
+    }
+    if (comm->n_left == 0 || !comm->healthy) {
+        return;
+    }
+    for (rg_comm_req_t *req = comm->head; req != NULL; req = req->next) {
+        for (int i = 0; i < req->n_xfers; i++) {
+            comm_xfer_t *x = &req->xfers[i];
+            if (x->active && x->is_recv && comm->peer_left[x->peer] &&
+                ucp_request_check_status(x->ucx) == UCS_INPROGRESS) {
+                (void)comm_fail(comm, RG_EPEER, x->peer, false,
+                                "%s: rank %d left the group before sending", req->name,
+                                x->peer);
+                return;
+            }
+        }
+    }
+}
+
+static void comm_check_deadlines(rg_comm_t *comm)
+{
+    uint64_t now = rg_now_ns();
+    for (rg_comm_req_t *req = comm->head; req != NULL; req = req->next) {
+        if (now < req->deadline) {
+            continue;
+        }
+        char who[96] = "";
+        size_t off = 0;
+        int first = -1;
+        int n_who = 0;
+        /* The peers it still waits to hear from (or, failing that, to deliver to). */
+        for (int pass = 0; pass < 2 && first < 0; pass++) {
+            for (int i = 0; i < req->n_xfers && off + 16 < sizeof(who); i++) {
+                comm_xfer_t *x = &req->xfers[i];
+                if (!x->active || x->is_recv != (pass == 0)) {
+                    continue;
+                }
+                bool seen = false;
+                for (int k = 0; k < i; k++) {
+                    seen = seen || (req->xfers[k].active && req->xfers[k].peer == x->peer &&
+                                    req->xfers[k].is_recv == x->is_recv);
+                }
+                if (!seen) {
+                    off += (size_t)snprintf(who + off, sizeof(who) - off, "%s%d",
+                                            first < 0 ? "" : ", ", x->peer);
+                    first = first < 0 ? x->peer : first;
+                    n_who++;
+                }
+            }
+        }
+        (void)comm_fail(comm, RG_ETIMEDOUT, first, false,
+                        "%s: deadline passed waiting for %s %s", req->name,
+                        n_who == 1 ? "rank" : "ranks", first < 0 ? "?" : who);
+        return;
+    }
+}
+
+bool comm_progress(rg_comm_t *comm)
+{
+    bool moved = false;
+    for (int i = 0; i < 16; i++) {
+        if (ucp_worker_progress(comm->worker) == 0) {
+            break;
+        }
+        moved = true;
+    }
+    if (!comm->healthy) {
+        return moved;
+    }
+    comm_ctrl_poll(comm);
+    comm_check_peers(comm);
+    rg_comm_req_t *req = comm->head;
+    while (req != NULL && comm->healthy) {
+        rg_comm_req_t *next = req->next;
+        rg_status_t st = req->advance(req);
+        if (st != RG_INPROGRESS) {
+            moved = true;
+            if (st != RG_OK && comm->healthy && !req->is_p2p) {
+                (void)comm_fail(comm, st, -1, false, "%s: %s", req->name, rg_last_error());
+                break;
+            }
+            if (req->posted) {
+                comm_req_finish(req, st);
+            }
+        }
+        req = next;
+    }
+    if (comm->healthy) {
+        comm_check_deadlines(comm);
+    }
+    return moved;
+}
+
+/* Receives the control messages still queued (peers' leave messages that arrived after the
+ * last poll), so that destroying the worker does not warn about unmatched messages. */
+static void comm_ctrl_drain(rg_comm_t *comm)
+{
+    for (int i = 0; i < 4 * comm->size; i++) {
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h msg = ucp_tag_probe_nb(comm->worker, COMM_TAG_CTRL,
+                                                 COMM_TAG_CTRL | COMM_TAG_P2P, 1, &info);
+        if (msg == NULL) {
+            return;
+        }
+        ucp_request_param_t param = {0};
+        ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(comm->worker, comm->ctrl_buf,
+                                                  sizeof(comm->ctrl_buf), msg, &param);
+        void *reqs[1] = {UCS_PTR_IS_PTR(r) ? r : NULL};
+        comm_wait_reqs(comm, reqs, 1, COMM_ABORT_WAIT_MS);
+    }
+}
+
+void comm_ucx_close(rg_comm_t *comm)
+{
+    if (comm->worker != NULL) {
+        comm->closing = true;
+        if (comm->healthy && comm->eps != NULL) {
+            /* A clean leave: tell the peers first, so that their endpoint error for us is
+             * not taken for a failure. */
+            comm_send_ctrl(comm, COMM_CTRL_LEAVE, -1, comm->scratch_reqs);
+            comm_wait_reqs(comm, comm->scratch_reqs, comm->size, COMM_CLOSE_WAIT_MS);
+        }
+        if (comm->eps != NULL) {
+            comm_close_eps(comm, !comm->healthy, COMM_CLOSE_WAIT_MS);
+        }
+        if (comm->ctrl_req != NULL) {
+            ucp_request_cancel(comm->worker, comm->ctrl_req);
+            ucp_request_free(comm->ctrl_req);
+            comm->ctrl_req = NULL;
+        }
+        comm_ctrl_drain(comm);
+        ucp_worker_destroy(comm->worker);
+        comm->worker = NULL;
+    }
+    if (comm->ctx != NULL) {
+        ucp_cleanup(comm->ctx);
+        comm->ctx = NULL;
+    }
+    for (size_t i = 0; i < comm->n_grave; i++) {
+        free(comm->grave[i]);
+    }
+    free(comm->grave);
+    comm->grave = NULL;
+    comm->n_grave = 0;
+}

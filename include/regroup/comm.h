@@ -1,0 +1,205 @@
+/*
+ * regroup communication group: point to point and collectives over UCX.
+ *
+ * A group (rg_comm_t) holds `size` ranks. It is built from a round: every rank publishes its
+ * UCX worker address under a key prefix in etcd, reads the others' and connects an endpoint to
+ * each peer with peer-failure handling. Operations:
+ *   send/recv (tagged), barrier, broadcast, allreduce, allgather, reduce_scatter,
+ * with the reductions sum, avg, min, max, prod over every rg_dtype_t (avg on floating types
+ * only). Each has a blocking form and a non-blocking `_post` form returning a request that
+ * rg_comm_req_test() advances and rg_comm_req_wait() completes. Collectives must be called
+ * (posted) in the same order on every rank.
+ *
+ * Failure: every operation has a deadline (the group's default, or opts->deadline). A peer that
+ * dies makes the operation fail with RG_EPEER on the surviving ranks; a peer that stops
+ * answering makes it fail with RG_ETIMEDOUT when the deadline passes. rg_last_error() names the
+ * peer rank. After any failure of an operation the group is unusable: rg_comm_is_healthy()
+ * turns false, every later call fails with RG_EPEER, and the group must be destroyed (this
+ * destroys its UCX worker too) and rebuilt in a new round.
+ *
+ * Threads: a group is used by one thread at a time (the caller serialises).
+ * Transport: UCX chooses (UCX_TLS overrides). Unless the environment already sets them, the
+ * group enables shared-memory peer-failure detection (UCX_MM_ERROR_HANDLING=y), UCP keepalive
+ * every 100 ms and UCX_KEEPALIVE_NUM_EPS >= peers, so ranks on one host use shared memory and a
+ * dead peer is found within about 100 ms. UCX_TLS=tcp works too.
+ *
+ * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
+ * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA), otherwise
+ * they fail with RG_ENOTSUP.
+ */
+#ifndef REGROUP_COMM_H
+#define REGROUP_COMM_H
+
+#include <regroup/dtype.h>
+#include <regroup/etcd.h>
+#include <regroup/status.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RG_COMM_NODISCARD __attribute__((warn_unused_result))
+
+/* Largest group size (ranks are encoded in UCX tags). */
+#define RG_COMM_MAX_SIZE 4096
+/* Pass as sendbuf to reduce or gather in place (see each call). */
+#define RG_COMM_IN_PLACE ((const void *)1)
+
+typedef struct rg_comm rg_comm_t;
+typedef struct rg_comm_req rg_comm_req_t;
+
+typedef enum {
+    RG_OP_SUM,
+    RG_OP_AVG,  /* sum / size; floating types only */
+    RG_OP_MIN,
+    RG_OP_MAX,
+    RG_OP_PROD,
+} rg_redop_t;
+
+typedef enum {
+    RG_MEM_HOST,
+    RG_MEM_CUDA,
+} rg_mem_type_t;
+
+typedef struct {
+    int         rank;            /* 0 <= rank < size */
+    int         size;            /* 1..RG_COMM_MAX_SIZE */
+    rg_etcd_t  *etcd;            /* borrowed client; or NULL and etcd_endpoints */
+    const char *etcd_endpoints;  /* used when etcd is NULL: the group makes its own client */
+    const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
+    int64_t     timeout_ms;      /* default deadline of each operation; 0 = 30000 */
+    int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
+} rg_comm_params_t;
+
+/* Caller storage for the parameters read from a launcher's environment. */
+typedef struct {
+    rg_comm_params_t params;     /* ready for rg_comm_create (points into this struct) */
+    char endpoints[1024];
+    char job_id[128];
+    int64_t round;
+    char key_prefix[320];
+} rg_comm_env_t;
+
+/*
+ * Reads RANK, WORLD_SIZE, REGROUP_ETCD_ENDPOINTS, REGROUP_JOB_ID and REGROUP_ROUND into *env
+ * and sets env->params for the round's store: "/regroup/<job>/rounds/<round>/store/comm/".
+ * Non-blocking. RG_EINVAL naming the variable when one is missing or malformed.
+ */
+rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
+
+/*
+ * Creates the group: makes a UCX worker, publishes its address at <key_prefix><rank>, waits
+ * for all `size` addresses (progressing UCX meanwhile) and connects to every peer. Blocks up to
+ * create_timeout_ms. Errors: RG_EINVAL (params), RG_ETIMEDOUT (not every rank published in
+ * time), etcd errors, RG_EUNREACH (UCX could not connect). Free with rg_comm_destroy.
+ */
+rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
+    RG_COMM_NODISCARD;
+
+/* Closes every endpoint (without waiting for unhealthy peers), destroys the UCX worker and
+ * frees the group. Requests still posted are abandoned; free them first. Accepts NULL. */
+void rg_comm_destroy(rg_comm_t *comm);
+
+int  rg_comm_rank(const rg_comm_t *comm);
+int  rg_comm_size(const rg_comm_t *comm);
+/* False once any operation has failed; the group must then be destroyed. */
+bool rg_comm_is_healthy(const rg_comm_t *comm);
+/* The rank that failed first, or -1 (unknown or none). */
+int  rg_comm_failed_rank(const rg_comm_t *comm);
+
+/* Per-call options; NULL means the defaults (group deadline, host memory). */
+typedef struct {
+    uint64_t      deadline;      /* absolute CLOCK_MONOTONIC ns; 0 = now + group timeout */
+    rg_mem_type_t mem_type;      /* of every buffer of the call */
+} rg_comm_opts_t;
+
+/* ---- non-blocking requests ------------------------------------------------------------- */
+
+/* Advances every posted operation of the group once. RG_OK when req is done, RG_INPROGRESS
+ * while it is not, or its error (the group is then unhealthy). Never blocks. */
+rg_status_t rg_comm_req_test(rg_comm_req_t *req) RG_COMM_NODISCARD;
+/* Progresses until req completes or its deadline passes. RG_OK or its error. */
+rg_status_t rg_comm_req_wait(rg_comm_req_t *req) RG_COMM_NODISCARD;
+/* Frees a request. Freeing one that is still in progress abandons it and fails the group.
+ * Accepts NULL. */
+void rg_comm_req_free(rg_comm_req_t *req);
+
+/*
+ * Every operation below exists as a blocking call (returns when done, its deadline passed or
+ * a peer failed) and as `_post` (returns at once with *req_p, to be tested or waited on; the
+ * buffers must stay valid and untouched until the request completes). Errors found at once
+ * (RG_EINVAL, RG_ENOTSUP, RG_EPEER on an unhealthy group) are returned by the call itself.
+ */
+
+/* Sends count elements to rank `peer`, matched by `tag` with the peer's recv. */
+rg_status_t rg_comm_send(rg_comm_t *comm, const void *buf, size_t count, rg_dtype_t dtype,
+                         int peer, uint32_t tag, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_send_post(rg_comm_t *comm, const void *buf, size_t count, rg_dtype_t dtype,
+                              int peer, uint32_t tag, const rg_comm_opts_t *opts,
+                              rg_comm_req_t **req_p) RG_COMM_NODISCARD;
+/* Receives exactly count elements from rank `peer` with `tag` (RG_EPROTO if the sizes
+ * differ). */
+rg_status_t rg_comm_recv(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype, int peer,
+                         uint32_t tag, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_recv_post(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
+                              int peer, uint32_t tag, const rg_comm_opts_t *opts,
+                              rg_comm_req_t **req_p) RG_COMM_NODISCARD;
+
+rg_status_t rg_comm_barrier(rg_comm_t *comm, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_barrier_post(rg_comm_t *comm, const rg_comm_opts_t *opts,
+                                 rg_comm_req_t **req_p) RG_COMM_NODISCARD;
+
+/* Copies root's buf (count elements) into every rank's buf. */
+rg_status_t rg_comm_broadcast(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
+                              int root, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_broadcast_post(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
+                                   int root, const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
+    RG_COMM_NODISCARD;
+
+/* recvbuf = op over ranks of sendbuf (count elements). sendbuf == RG_COMM_IN_PLACE or
+ * sendbuf == recvbuf: recvbuf is the input. */
+rg_status_t rg_comm_allreduce(rg_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                              rg_dtype_t dtype, rg_redop_t op, const rg_comm_opts_t *opts)
+    RG_COMM_NODISCARD;
+rg_status_t rg_comm_allreduce_post(rg_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, rg_dtype_t dtype, rg_redop_t op,
+                                   const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
+    RG_COMM_NODISCARD;
+
+/* recvbuf (size * count elements) = every rank's sendbuf (count elements), in rank order.
+ * In place: sendbuf == RG_COMM_IN_PLACE and this rank's part is already at
+ * recvbuf + rank * count elements. */
+rg_status_t rg_comm_allgather(rg_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
+                              rg_dtype_t dtype, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_allgather_post(rg_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, rg_dtype_t dtype, const rg_comm_opts_t *opts,
+                                   rg_comm_req_t **req_p) RG_COMM_NODISCARD;
+
+/* recvbuf (count elements) = op over ranks of block `rank` of sendbuf (size * count elements).
+ * In place: sendbuf == RG_COMM_IN_PLACE, recvbuf holds the size * count input and the result
+ * is left at recvbuf + rank * count elements (the other blocks are overwritten). */
+rg_status_t rg_comm_reduce_scatter(rg_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, rg_dtype_t dtype, rg_redop_t op,
+                                   const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
+rg_status_t rg_comm_reduce_scatter_post(rg_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, rg_dtype_t dtype, rg_redop_t op,
+                                        const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
+    RG_COMM_NODISCARD;
+
+/* ---- element conversions (exposed for tests and tools) --------------------------------- */
+
+/* IEEE binary16 and bfloat16 <-> float; float -> 16 bits rounds to nearest, ties to even,
+ * keeps NaN a NaN and overflows to infinity. */
+float    rg_f16_to_f32(uint16_t h);
+uint16_t rg_f32_to_f16(float f);
+float    rg_bf16_to_f32(uint16_t h);
+uint16_t rg_f32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,401 @@
+/*
+ * comm/: every operation x dtype x size on 1, 2, 3, 4 and 8 real rank processes, over shared
+ * memory and over tcp, checked against a reference computed independently on each rank
+ * (inputs are small integers chosen so that the exact result is representable).
+ */
+#include "comm_testlib.h"
+
+#include <check.h>
+#include <regroup/comm.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FAIL(...) \
+    do { \
+        fprintf(stderr, "rank %d: ", rank); \
+        fprintf(stderr, __VA_ARGS__); \
+        fprintf(stderr, "\n"); \
+        return 1; \
+    } while (0)
+
+#define CHECK_RG(call) \
+    do { \
+        rg_status_t st_ = (call); \
+        if (st_ != RG_OK) { \
+            FAIL("%s: %s: %s", #call, rg_status_name(st_), rg_last_error()); \
+        } \
+    } while (0)
+
+static const rg_dtype_t all_dtypes[] = {RG_DTYPE_F32, RG_DTYPE_F64, RG_DTYPE_F16, RG_DTYPE_BF16,
+                                        RG_DTYPE_I32, RG_DTYPE_I64, RG_DTYPE_U8};
+static const rg_redop_t all_ops[] = {RG_OP_SUM, RG_OP_AVG, RG_OP_MIN, RG_OP_MAX, RG_OP_PROD};
+static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+static const char *const op_names[] = {"sum", "avg", "min", "max", "prod"};
+
+static bool is_int(rg_dtype_t d)
+{
+    return d == RG_DTYPE_I32 || d == RG_DTYPE_I64 || d == RG_DTYPE_U8;
+}
+
+/* Compares element i of got with the reference; returns the first bad index or -1. */
+static long check_reduced(rg_dtype_t d, rg_redop_t op, int size, const void *got, size_t first,
+                          size_t n)
+{
+    size_t es = rg_dtype_size(d);
+    char want[8];
+    for (size_t i = 0; i < n; i++) {
+        comm_test_expect(d, op, size, first + i, want);
+        if (memcmp(want, (const char *)got + i * es, es) != 0) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+static void fill(rg_dtype_t d, rg_redop_t op, int rank, void *buf, size_t first, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        comm_test_store(d, buf, i, comm_test_input(d, op, rank, first + i));
+    }
+}
+
+static int t_allreduce(rg_comm_t *comm, int rank, int size, const size_t *sizes, int n_sizes)
+{
+    int k = 0;
+    for (size_t di = 0; di < 7; di++) {
+        for (size_t oi = 0; oi < 5; oi++) {
+            rg_dtype_t d = all_dtypes[di];
+            rg_redop_t op = all_ops[oi];
+            if (op == RG_OP_AVG && is_int(d)) {
+                continue;
+            }
+            for (int si = 0; si < n_sizes; si++, k++) {
+                size_t n = sizes[si];
+                size_t es = rg_dtype_size(d);
+                char *in = malloc(n * es);
+                char *out = malloc(n * es);
+                if (in == NULL || out == NULL) {
+                    FAIL("out of memory");
+                }
+                fill(d, op, rank, in, 0, n);
+                bool in_place = k % 2 == 1;
+                if (in_place) {
+                    memcpy(out, in, n * es);
+                }
+                CHECK_RG(rg_comm_allreduce(comm, in_place ? RG_COMM_IN_PLACE : in, out, n, d, op,
+                                           NULL));
+                long bad = check_reduced(d, op, size, out, 0, n);
+                free(in);
+                free(out);
+                if (bad >= 0) {
+                    FAIL("allreduce %s %s count %zu %s: wrong element %ld", dtype_names[di],
+                         op_names[oi], n, in_place ? "in place" : "out of place", bad);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int t_reduce_scatter(rg_comm_t *comm, int rank, int size, const size_t *sizes,
+                            int n_sizes)
+{
+    int k = 0;
+    for (size_t di = 0; di < 7; di++) {
+        for (size_t oi = 0; oi < 5; oi++) {
+            rg_dtype_t d = all_dtypes[di];
+            rg_redop_t op = all_ops[oi];
+            if (op == RG_OP_AVG && is_int(d)) {
+                continue;
+            }
+            for (int si = 0; si < n_sizes; si++, k++) {
+                size_t n = sizes[si];
+                size_t es = rg_dtype_size(d);
+                char *in = malloc(n * es * (size_t)size);
+                char *out = malloc(n * es);
+                if (in == NULL || out == NULL) {
+                    FAIL("out of memory");
+                }
+                fill(d, op, rank, in, 0, n * (size_t)size);
+                bool in_place = k % 2 == 1;
+                const char *res = out;
+                if (in_place) {
+                    CHECK_RG(rg_comm_reduce_scatter(comm, RG_COMM_IN_PLACE, in, n, d, op, NULL));
+                    res = in + (size_t)rank * n * es;
+                } else {
+                    CHECK_RG(rg_comm_reduce_scatter(comm, in, out, n, d, op, NULL));
+                }
+                long bad = check_reduced(d, op, size, res, (size_t)rank * n, n);
+                free(in);
+                free(out);
+                if (bad >= 0) {
+                    FAIL("reduce_scatter %s %s count %zu %s: wrong element %ld",
+                         dtype_names[di], op_names[oi], n, in_place ? "in place" : "out of place",
+                         bad);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int t_allgather_bcast(rg_comm_t *comm, int rank, int size, const size_t *sizes,
+                             int n_sizes)
+{
+    for (size_t di = 0; di < 7; di++) {
+        rg_dtype_t d = all_dtypes[di];
+        size_t es = rg_dtype_size(d);
+        for (int si = 0; si < n_sizes; si++) {
+            size_t n = sizes[si];
+            char *mine = malloc(n * es);
+            char *all = malloc(n * es * (size_t)size);
+            char *want = malloc(n * es * (size_t)size);
+            if (mine == NULL || all == NULL || want == NULL) {
+                FAIL("out of memory");
+            }
+            for (int r = 0; r < size; r++) {
+                fill(d, RG_OP_SUM, r, want + (size_t)r * n * es, (size_t)r * n, n);
+            }
+            fill(d, RG_OP_SUM, rank, mine, (size_t)rank * n, n);
+            bool in_place = si % 2 == 1;
+            if (in_place) {
+                memset(all, 0xa5, n * es * (size_t)size);
+                memcpy(all + (size_t)rank * n * es, mine, n * es);
+                CHECK_RG(rg_comm_allgather(comm, RG_COMM_IN_PLACE, all, n, d, NULL));
+            } else {
+                CHECK_RG(rg_comm_allgather(comm, mine, all, n, d, NULL));
+            }
+            if (memcmp(all, want, n * es * (size_t)size) != 0) {
+                FAIL("allgather %s count %zu: wrong result", dtype_names[di], n);
+            }
+            /* broadcast from a rank that changes with the size */
+            int root = (int)((size_t)si * 7 % (size_t)size);
+            memset(all, rank == root ? 0 : 0x5a, n * es);
+            if (rank == root) {
+                memcpy(all, want, n * es);
+            }
+            CHECK_RG(rg_comm_broadcast(comm, all, n, d, root, NULL));
+            if (memcmp(all, want, n * es) != 0) {
+                FAIL("broadcast %s count %zu root %d: wrong result", dtype_names[di], n, root);
+            }
+            free(mine);
+            free(all);
+            free(want);
+        }
+    }
+    return 0;
+}
+
+static int t_p2p(rg_comm_t *comm, int rank, int size)
+{
+    if (size < 2) {
+        return 0;
+    }
+    static const size_t counts[] = {1, 1000, 300001};
+    for (int ci = 0; ci < 3; ci++) {
+        size_t n = counts[ci];
+        int32_t *out = malloc(n * 4);
+        int32_t *in = malloc(n * 4);
+        if (out == NULL || in == NULL) {
+            FAIL("out of memory");
+        }
+        for (size_t i = 0; i < n; i++) {
+            out[i] = (int32_t)(rank * 1000003 + (int)i);
+        }
+        int right = (rank + 1) % size;
+        int left = (rank + size - 1) % size;
+        rg_comm_req_t *rreq = NULL;
+        rg_comm_req_t *sreq = NULL;
+        CHECK_RG(rg_comm_recv_post(comm, in, n, RG_DTYPE_I32, left, 77u + (uint32_t)ci, NULL,
+                                   &rreq));
+        CHECK_RG(rg_comm_send_post(comm, out, n, RG_DTYPE_I32, right, 77u + (uint32_t)ci, NULL,
+                                   &sreq));
+        CHECK_RG(rg_comm_req_wait(sreq));
+        CHECK_RG(rg_comm_req_wait(rreq));
+        rg_comm_req_free(sreq);
+        rg_comm_req_free(rreq);
+        for (size_t i = 0; i < n; i++) {
+            if (in[i] != (int32_t)(left * 1000003 + (int)i)) {
+                FAIL("recv count %zu: wrong element %zu", n, i);
+            }
+        }
+        free(in);
+        free(out);
+    }
+    /* a size mismatch is an error, not a crash, and leaves the group usable */
+    int32_t one[2] = {1, 2};
+    if (rank == 0) {
+        CHECK_RG(rg_comm_send(comm, one, 2, RG_DTYPE_I32, 1, 5, NULL));
+    } else if (rank == 1) {
+        rg_status_t st = rg_comm_recv(comm, one, 1, RG_DTYPE_I32, 0, 5, NULL);
+        if (st != RG_EPROTO) {
+            FAIL("short recv: %s, expected RG_EPROTO", rg_status_name(st));
+        }
+    }
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    return 0;
+}
+
+/* Several posted operations at once, completed out of order. */
+static int t_nonblocking(rg_comm_t *comm, int rank, int size)
+{
+    enum { N = 5000 };
+    static float a[N], b[N];
+    static int64_t g[N * 8];
+    fill(RG_DTYPE_F32, RG_OP_SUM, rank, a, 0, N);
+    fill(RG_DTYPE_F32, RG_OP_MAX, rank, b, 0, N);
+    int64_t mine[N];
+    fill(RG_DTYPE_I64, RG_OP_SUM, rank, mine, (size_t)rank * N, N);
+    rg_comm_req_t *r1 = NULL;
+    rg_comm_req_t *r2 = NULL;
+    rg_comm_req_t *r3 = NULL;
+    CHECK_RG(rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, a, N, RG_DTYPE_F32, RG_OP_SUM, NULL,
+                                    &r1));
+    CHECK_RG(rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, b, N, RG_DTYPE_F32, RG_OP_MAX, NULL,
+                                    &r2));
+    CHECK_RG(rg_comm_allgather_post(comm, mine, g, N, RG_DTYPE_I64, NULL, &r3));
+    rg_status_t st;
+    for (int i = 0; i < 1000000 && (st = rg_comm_req_test(r3)) == RG_INPROGRESS; i++) {
+    }
+    CHECK_RG(rg_comm_req_wait(r3));
+    CHECK_RG(rg_comm_req_wait(r2));
+    CHECK_RG(rg_comm_req_wait(r1));
+    rg_comm_req_free(r1);
+    rg_comm_req_free(r2);
+    rg_comm_req_free(r3);
+    if (check_reduced(RG_DTYPE_F32, RG_OP_SUM, size, a, 0, N) >= 0 ||
+        check_reduced(RG_DTYPE_F32, RG_OP_MAX, size, b, 0, N) >= 0) {
+        FAIL("non-blocking allreduce: wrong result");
+    }
+    for (int r = 0; r < size; r++) {
+        int64_t want[N];
+        fill(RG_DTYPE_I64, RG_OP_SUM, r, want, (size_t)r * N, N);
+        if (memcmp(want, g + (size_t)r * N, sizeof(want)) != 0) {
+            FAIL("non-blocking allgather: wrong block %d", r);
+        }
+    }
+    return 0;
+}
+
+typedef struct {
+    bool small_only;
+} matrix_arg_t;
+
+static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    const matrix_arg_t *m = arg;
+    static const size_t ar_sizes[] = {1, 7, 1001, 40000, 70001};
+    static const size_t rs_sizes[] = {1, 13, 20001};
+    static const size_t ag_sizes[] = {1, 6, 1001, 20001};
+    int n_ar = m->small_only ? 3 : 5;
+    int n_rs = m->small_only ? 2 : 3;
+    int n_ag = m->small_only ? 3 : 4;
+    if (rg_comm_rank(comm) != rank || rg_comm_size(comm) != size) {
+        FAIL("rank/size accessors");
+    }
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    if (t_p2p(comm, rank, size) || t_allreduce(comm, rank, size, ar_sizes, n_ar) ||
+        t_reduce_scatter(comm, rank, size, rs_sizes, n_rs) ||
+        t_allgather_bcast(comm, rank, size, ag_sizes, n_ag) || t_nonblocking(comm, rank, size)) {
+        return 1;
+    }
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    if (!rg_comm_is_healthy(comm)) {
+        FAIL("group unhealthy after a clean run");
+    }
+    return 0;
+}
+
+static void run_matrix(int n, const char *env0, const char *env1, bool small_only)
+{
+    matrix_arg_t arg = {.small_only = small_only};
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 240, .env = {env0, env1, NULL}};
+    ck_assert_msg(comm_run(n, matrix, &arg, &o, NULL), "ranks failed (see stderr)");
+}
+
+START_TEST(test_matrix_1) { run_matrix(1, NULL, NULL, false); }
+END_TEST
+START_TEST(test_matrix_2) { run_matrix(2, NULL, NULL, false); }
+END_TEST
+START_TEST(test_matrix_3) { run_matrix(3, NULL, NULL, false); }
+END_TEST
+START_TEST(test_matrix_4) { run_matrix(4, NULL, NULL, false); }
+END_TEST
+START_TEST(test_matrix_8) { run_matrix(8, NULL, NULL, false); }
+END_TEST
+START_TEST(test_matrix_tcp_3)
+{
+    run_matrix(3, "UCX_TLS=tcp", NULL, true);
+}
+END_TEST
+/* The ring for every size, cut into many small segments: odd and uneven chunks. */
+START_TEST(test_matrix_ring_forced_3)
+{
+    run_matrix(3, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=64", true);
+}
+END_TEST
+START_TEST(test_matrix_ring_forced_4)
+{
+    run_matrix(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=96", true);
+}
+END_TEST
+
+static int large_allreduce(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    (void)arg;
+    size_t n = 16u << 20; /* 64 MiB of f32 */
+    float *buf = malloc(n * sizeof(float));
+    if (buf == NULL) {
+        FAIL("out of memory");
+    }
+    fill(RG_DTYPE_F32, RG_OP_SUM, rank, buf, 0, n);
+    CHECK_RG(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, buf, n, RG_DTYPE_F32, RG_OP_SUM, NULL));
+    long bad = check_reduced(RG_DTYPE_F32, RG_OP_SUM, size, buf, 0, n);
+    free(buf);
+    if (bad >= 0) {
+        FAIL("64 MiB allreduce: wrong element %ld", bad);
+    }
+    return 0;
+}
+
+START_TEST(test_large_allreduce_2)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 120};
+    ck_assert(comm_run(2, large_allreduce, NULL, &o, NULL));
+}
+END_TEST
+
+static void etcd_up(void)
+{
+    ck_assert_ptr_nonnull(comm_test_etcd());
+}
+
+static void etcd_down(void)
+{
+    comm_test_etcd_stop();
+}
+
+int main(void)
+{
+    Suite *s = suite_create("comm");
+    TCase *tc = tcase_create("collectives");
+    tcase_add_unchecked_fixture(tc, etcd_up, etcd_down);
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_matrix_1);
+    tcase_add_test(tc, test_matrix_2);
+    tcase_add_test(tc, test_matrix_3);
+    tcase_add_test(tc, test_matrix_4);
+    tcase_add_test(tc, test_matrix_8);
+    tcase_add_test(tc, test_matrix_tcp_3);
+    tcase_add_test(tc, test_matrix_ring_forced_3);
+    tcase_add_test(tc, test_matrix_ring_forced_4);
+    tcase_add_test(tc, test_large_allreduce_2);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,317 @@
+/*
+ * comm/: failures and bad input. A rank SIGKILLed in the middle of an allreduce makes every
+ * survivor return RG_EPEER naming it, well within the deadline (shared memory and tcp); a rank
+ * SIGSTOPped makes the others time out at their deadline; bad arguments are refused with
+ * clear errors and leave the group usable.
+ */
+#include "comm_testlib.h"
+
+#include <check.h>
+#include <regroup/comm.h>
+
+#include "rg_common.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FAIL(...) \
+    do { \
+        fprintf(stderr, "rank %d: ", rank); \
+        fprintf(stderr, __VA_ARGS__); \
+        fprintf(stderr, "\n"); \
+        return 1; \
+    } while (0)
+
+typedef struct {
+    int     victim;
+    int64_t deadline_ms;
+    size_t  count;
+    bool    stop;        /* SIGSTOP instead of SIGKILL */
+    bool    post;        /* the victim posts the allreduce and progresses it a little first */
+} fault_arg_t;
+
+static int fault_rank(rg_comm_t *comm, int rank, int size, void *argp)
+{
+    (void)size;
+    const fault_arg_t *a = argp;
+    float *buf = calloc(a->count, sizeof(float));
+    if (buf == NULL) {
+        FAIL("out of memory");
+    }
+    /* Everyone connected and past the barrier before the fault: the victim waits for a
+     * word from every survivor, sent just before it enters the allreduce. */
+    rg_status_t st = rg_comm_barrier(comm, NULL);
+    if (st != RG_OK) {
+        FAIL("barrier: %s", rg_last_error());
+    }
+    int32_t word = 1;
+    if (rank == a->victim) {
+        for (int r = 0; r < size; r++) {
+            if (r != rank && rg_comm_recv(comm, &word, 1, RG_DTYPE_I32, r, 9, NULL) != RG_OK) {
+                FAIL("recv ready: %s", rg_last_error());
+            }
+        }
+        if (a->stop) {
+            raise(SIGSTOP);
+            return 0; /* killed while stopped */
+        }
+        rg_comm_req_t *req = NULL;
+        if (a->post) {
+            st = rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, buf, a->count, RG_DTYPE_F32,
+                                        RG_OP_SUM, NULL, &req);
+            for (int i = 0; i < 50 && st == RG_OK; i++) {
+                if (rg_comm_req_test(req) != RG_INPROGRESS) {
+                    break;
+                }
+            }
+        }
+        raise(SIGKILL);
+        return 1;
+    }
+    st = rg_comm_send(comm, &word, 1, RG_DTYPE_I32, a->victim, 9, NULL);
+    if (st != RG_OK) {
+        FAIL("send ready: %s", rg_last_error());
+    }
+    rg_comm_opts_t opts = {.deadline = rg_deadline_in_ms(a->deadline_ms)};
+    uint64_t t0 = rg_now_ns();
+    st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, buf, a->count, RG_DTYPE_F32, RG_OP_SUM,
+                           &opts);
+    double ms = (double)(rg_now_ns() - t0) / 1e6;
+    free(buf);
+    char want[32];
+    /* A timeout names the ranks this one waited on, not necessarily the stopped one. */
+    snprintf(want, sizeof(want), a->stop ? "rank" : "rank %d", a->victim);
+    fprintf(stderr, "rank %d: allreduce returned %s after %.1f ms: %s\n", rank,
+            rg_status_name(st), ms, rg_last_error());
+    rg_status_t expected = a->stop ? RG_ETIMEDOUT : RG_EPEER;
+    if (st != expected) {
+        FAIL("expected %s", rg_status_name(expected));
+    }
+    if (strstr(rg_last_error(), want) == NULL) {
+        FAIL("the error does not name %s", want);
+    }
+    if (ms > (double)a->deadline_ms + 500 || (a->stop && ms < (double)a->deadline_ms - 50)) {
+        FAIL("returned after %.1f ms with a deadline of %lld ms", ms,
+             (long long)a->deadline_ms);
+    }
+    if (rg_comm_is_healthy(comm)) {
+        FAIL("group still healthy after a failure");
+    }
+    int32_t x = 0;
+    st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &x, 1, RG_DTYPE_I32, RG_OP_SUM, NULL);
+    if (st != RG_EPEER) {
+        FAIL("an operation on a failed group returned %s", rg_status_name(st));
+    }
+    return 0;
+}
+
+static void run_fault(int n, int victim, size_t count, bool stop, int64_t deadline_ms,
+                      const char *env)
+{
+    fault_arg_t a = {.victim = victim, .deadline_ms = deadline_ms, .count = count, .stop = stop,
+                     .post = count >= (1u << 20)};
+    comm_test_opts_t o = {.stop_rank = stop ? victim : -1, .timeout_s = 60, .env = {env, NULL}};
+    comm_test_result_t res;
+    (void)comm_run(n, fault_rank, &a, &o, &res);
+    ck_assert_msg(!res.timed_out, "ranks hung");
+    for (int r = 0; r < n; r++) {
+        if (r == victim) {
+            if (!stop) {
+                ck_assert_int_eq(res.status[r], 128 + SIGKILL);
+            }
+        } else {
+            ck_assert_msg(res.status[r] == 0, "rank %d failed (%d)", r, res.status[r]);
+        }
+    }
+}
+
+START_TEST(test_kill_during_ring_allreduce_shm)
+{
+    run_fault(4, 2, 4u << 20, false, 5000, NULL);
+}
+END_TEST
+
+START_TEST(test_kill_during_small_allreduce_shm)
+{
+    run_fault(3, 0, 1000, false, 5000, NULL);
+}
+END_TEST
+
+START_TEST(test_kill_during_allreduce_tcp)
+{
+    run_fault(4, 1, 1u << 20, false, 5000, "UCX_TLS=tcp");
+}
+END_TEST
+
+START_TEST(test_stop_times_out)
+{
+    run_fault(3, 1, 1000, true, 1000, NULL);
+}
+END_TEST
+
+START_TEST(test_stop_times_out_ring)
+{
+    run_fault(4, 3, 1u << 20, true, 1000, NULL);
+}
+END_TEST
+
+/* ---- bad input ------------------------------------------------------------------------- */
+
+#define EXPECT(call, want) \
+    do { \
+        rg_status_t st_ = (call); \
+        if (st_ != (want)) { \
+            FAIL("%s: %s, expected %s (%s)", #call, rg_status_name(st_), #want, \
+                 rg_last_error()); \
+        } \
+    } while (0)
+
+static int bad_input(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    (void)arg;
+    float f[4] = {1, 2, 3, 4};
+    uint8_t u[4] = {1, 2, 3, 4};
+    rg_comm_req_t *req = NULL;
+    rg_comm_opts_t cuda = {.mem_type = RG_MEM_CUDA};
+    rg_comm_opts_t weird = {.mem_type = (rg_mem_type_t)7};
+    EXPECT(rg_comm_allreduce(comm, NULL, f, 4, RG_DTYPE_F32, RG_OP_SUM, NULL), RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, f, NULL, 4, RG_DTYPE_F32, RG_OP_SUM, NULL), RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, SIZE_MAX / 2, RG_DTYPE_F32, RG_OP_SUM,
+                             NULL), RG_EINVAL);
+    EXPECT(rg_comm_allgather(comm, f, f, SIZE_MAX / 2, RG_DTYPE_U8, NULL), RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, u, 4, RG_DTYPE_U8, RG_OP_AVG, NULL),
+           RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 4, (rg_dtype_t)42, RG_OP_SUM, NULL),
+           RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, (rg_redop_t)9, NULL),
+           RG_EINVAL);
+    EXPECT(rg_comm_broadcast(comm, f, 4, RG_DTYPE_F32, size, NULL), RG_EINVAL);
+    EXPECT(rg_comm_broadcast(comm, f, 4, RG_DTYPE_F32, -1, NULL), RG_EINVAL);
+    EXPECT(rg_comm_send(comm, f, 4, RG_DTYPE_F32, size, 0, NULL), RG_EINVAL);
+    EXPECT(rg_comm_send(comm, f, 4, RG_DTYPE_F32, rank, 0, NULL), RG_EINVAL);
+    EXPECT(rg_comm_recv(comm, NULL, 4, RG_DTYPE_F32, (rank + 1) % size, 0, NULL), RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, RG_OP_SUM, &weird),
+           RG_EINVAL);
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, RG_OP_SUM, &cuda),
+           RG_ENOTSUP);
+    if (strstr(rg_last_error(), "CUDA") == NULL) {
+        FAIL("the device-buffer error does not say CUDA: %s", rg_last_error());
+    }
+    EXPECT(rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, RG_OP_SUM, NULL,
+                                  NULL), RG_EINVAL);
+    EXPECT(rg_comm_allreduce(NULL, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, RG_OP_SUM, NULL),
+           RG_EINVAL);
+    EXPECT(rg_comm_req_wait(NULL), RG_EINVAL);
+    rg_comm_req_free(NULL);
+    (void)req;
+    /* zero elements: nothing to do, but fine */
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 0, RG_DTYPE_F32, RG_OP_SUM, NULL),
+           RG_OK);
+    /* still usable */
+    EXPECT(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, f, 4, RG_DTYPE_F32, RG_OP_SUM, NULL),
+           RG_OK);
+    if (f[3] != 4.0f * (float)size || !rg_comm_is_healthy(comm)) {
+        FAIL("allreduce after refused calls: %g", f[3]);
+    }
+    return 0;
+}
+
+START_TEST(test_bad_input)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 60};
+    ck_assert(comm_run(2, bad_input, NULL, &o, NULL));
+}
+END_TEST
+
+START_TEST(test_create_bad_params)
+{
+    rg_comm_t *comm = NULL;
+    rg_comm_params_t p = {.rank = 2, .size = 2, .etcd_endpoints = comm_test_etcd(),
+                          .key_prefix = "/regroup/x/rounds/0/store/comm/"};
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
+    p.rank = 0;
+    p.key_prefix = NULL;
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
+    p.key_prefix = "/regroup/x/rounds/0/store/comm/";
+    p.etcd_endpoints = NULL;
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
+    ck_assert_int_eq(rg_comm_create(NULL, &comm), RG_EINVAL);
+    ck_assert_ptr_null(comm);
+}
+END_TEST
+
+/* One rank of two: the other never publishes, so creation times out at its deadline. */
+START_TEST(test_create_times_out)
+{
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    rg_comm_t *comm = NULL;
+    rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = comm_test_etcd(),
+                          .key_prefix = "/regroup/lonely/rounds/0/store/comm/",
+                          .create_timeout_ms = 300};
+    uint64_t t0 = rg_now_ns();
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_ETIMEDOUT);
+    double ms = (double)(rg_now_ns() - t0) / 1e6;
+    ck_assert_msg(ms < 2000, "took %.0f ms", ms);
+    ck_assert_msg(strstr(rg_last_error(), "1 ranks") != NULL, "%s", rg_last_error());
+    ck_assert_ptr_null(comm);
+}
+END_TEST
+
+START_TEST(test_env_read)
+{
+    rg_comm_env_t env;
+    unsetenv("RANK");
+    setenv("WORLD_SIZE", "4", 1);
+    ck_assert_int_eq(rg_comm_env_read(&env), RG_EINVAL);
+    ck_assert_msg(strstr(rg_last_error(), "RANK") != NULL, "%s", rg_last_error());
+    setenv("RANK", "4", 1);
+    ck_assert_int_eq(rg_comm_env_read(&env), RG_EINVAL);
+    setenv("RANK", "3", 1);
+    setenv("REGROUP_ROUND", "7", 1);
+    setenv("REGROUP_ETCD_ENDPOINTS", "http://127.0.0.1:1", 1);
+    setenv("REGROUP_JOB_ID", "job/1", 1);
+    ck_assert_int_eq(rg_comm_env_read(&env), RG_EINVAL);
+    setenv("REGROUP_JOB_ID", "job1", 1);
+    ck_assert_int_eq(rg_comm_env_read(&env), RG_OK);
+    ck_assert_int_eq(env.params.rank, 3);
+    ck_assert_int_eq(env.params.size, 4);
+    ck_assert_str_eq(env.params.key_prefix, "/regroup/job1/rounds/7/store/comm/");
+    ck_assert_str_eq(env.params.etcd_endpoints, "http://127.0.0.1:1");
+}
+END_TEST
+
+static void etcd_up(void)
+{
+    ck_assert_ptr_nonnull(comm_test_etcd());
+}
+
+static void etcd_down(void)
+{
+    comm_test_etcd_stop();
+}
+
+int main(void)
+{
+    Suite *s = suite_create("comm_fault");
+    TCase *tc = tcase_create("fault");
+    tcase_add_unchecked_fixture(tc, etcd_up, etcd_down);
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_kill_during_ring_allreduce_shm);
+    tcase_add_test(tc, test_kill_during_small_allreduce_shm);
+    tcase_add_test(tc, test_kill_during_allreduce_tcp);
+    tcase_add_test(tc, test_stop_times_out);
+    tcase_add_test(tc, test_stop_times_out_ring);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_create_bad_params);
+    tcase_add_test(tc, test_create_times_out);
+    tcase_add_test(tc, test_env_read);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
