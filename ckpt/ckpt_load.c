@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,19 +31,37 @@ typedef struct {
     uint32_t                  shard;
 } reader_piece_t;
 
+/* One decoding thread's context and scratch buffers (bounded by CKPT_MAX_CHUNK). */
+typedef struct {
+    ZSTD_DCtx *dctx;
+    uint8_t   *comp;
+    size_t     comp_cap;
+    uint8_t   *raw;
+    uint8_t   *raw2;
+    size_t     raw_cap;
+} reader_decoder_t;
+
+/* Chunks are decoded on this many threads (the caller's and READER_THREADS - 1 more). */
+#define READER_THREADS 2
+
 struct rg_ckpt_reader {
-    int64_t         step;
-    uint32_t        world_size;
-    reader_shard_t *shards;
-    reader_piece_t *pieces;
-    size_t          n_pieces;
-    ZSTD_DCtx      *dctx;
-    uint8_t        *comp;           /* CKPT_MAX_CHUNK-bounded scratch buffers */
-    size_t          comp_cap;
-    uint8_t        *raw;
-    uint8_t        *raw2;
-    size_t          raw_cap;
+    int64_t          step;
+    uint32_t         world_size;
+    reader_shard_t  *shards;
+    reader_piece_t  *pieces;
+    size_t           n_pieces;
+    reader_decoder_t dec[READER_THREADS];
 };
+
+/* One chunk to decode for a read: bytes [from, from + len) of the chunk go to dst. */
+typedef struct {
+    const reader_shard_t     *sh;
+    const ckpt_tensor_meta_t *t;
+    const ckpt_chunk_meta_t  *ch;
+    uint64_t                  from;
+    uint64_t                  len;
+    uint8_t                  *dst;
+} reader_task_t;
 
 static int piece_cmp(const void *a, const void *b)
 {
@@ -200,13 +220,20 @@ rg_status_t rg_ckpt_reader_open(const char *root, int64_t step, rg_ckpt_reader_t
     rd->step = step;
     rd->world_size = m.world_size;
     rd->shards = calloc(m.world_size, sizeof(*rd->shards));
-    rd->dctx = ZSTD_createDCtx();
-    if (rd->shards == NULL || rd->dctx == NULL) {
+    if (rd->shards == NULL) {
+        rd->world_size = 0;
         st = rg_error(RG_ENOMEM, "no memory for a checkpoint reader");
         goto err_close;
     }
     for (uint32_t r = 0; r < m.world_size; r++) {
         rd->shards[r].fd = -1;
+    }
+    for (int i = 0; i < READER_THREADS; i++) {
+        rd->dec[i].dctx = ZSTD_createDCtx();
+        if (rd->dec[i].dctx == NULL) {
+            st = rg_error(RG_ENOMEM, "no memory for a checkpoint reader");
+            goto err_close;
+        }
     }
     for (uint32_t r = 0; r < m.world_size; r++) {
         st = reader_open_shard(rd, dir, r, &m.shards[r]);
@@ -240,10 +267,12 @@ void rg_ckpt_reader_close(rg_ckpt_reader_t *rd)
     }
     free(rd->shards);
     free(rd->pieces);
-    ZSTD_freeDCtx(rd->dctx);
-    free(rd->comp);
-    free(rd->raw);
-    free(rd->raw2);
+    for (int i = 0; i < READER_THREADS; i++) {
+        ZSTD_freeDCtx(rd->dec[i].dctx);
+        free(rd->dec[i].comp);
+        free(rd->dec[i].raw);
+        free(rd->dec[i].raw2);
+    }
     free(rd);
 }
 
@@ -289,62 +318,63 @@ rg_status_t rg_ckpt_reader_info(const rg_ckpt_reader_t *rd, const char *name,
     return RG_OK;
 }
 
-/* Reads, verifies and decodes one chunk into rd->raw. */
-static rg_status_t reader_chunk(rg_ckpt_reader_t *rd, const reader_shard_t *sh,
+/* Reads, verifies and decodes one chunk; *out points into the decoder's buffers. */
+static rg_status_t reader_chunk(reader_decoder_t *d, const reader_shard_t *sh,
                                 const ckpt_tensor_meta_t *t, const ckpt_chunk_meta_t *ch,
                                 const uint8_t **out)
 {
     size_t got;
     rg_status_t st;
 
-    if (rd->comp_cap < ch->comp_size || rd->raw_cap < ch->raw_size) {
-        size_t cc = RG_MAX(rd->comp_cap, (size_t)ch->comp_size);
-        size_t rc = RG_MAX(rd->raw_cap, (size_t)ch->raw_size);
-        free(rd->comp);
-        free(rd->raw);
-        free(rd->raw2);
-        rd->comp = malloc(cc);
-        rd->raw = malloc(rc);
-        rd->raw2 = malloc(rc);
-        rd->comp_cap = rd->raw_cap = 0;
-        if (rd->comp == NULL || rd->raw == NULL || rd->raw2 == NULL) {
+    if (d->comp_cap < ch->comp_size || d->raw_cap < ch->raw_size) {
+        size_t cc = RG_MAX(d->comp_cap, (size_t)ch->comp_size);
+        size_t rc = RG_MAX(d->raw_cap, (size_t)ch->raw_size);
+        free(d->comp);
+        free(d->raw);
+        free(d->raw2);
+        d->comp = malloc(cc);
+        d->raw = malloc(rc);
+        d->raw2 = malloc(rc);
+        d->comp_cap = d->raw_cap = 0;
+        if (d->comp == NULL || d->raw == NULL || d->raw2 == NULL) {
             return rg_error(RG_ENOMEM, "no memory to read a chunk");
         }
-        rd->comp_cap = cc;
-        rd->raw_cap = rc;
+        d->comp_cap = cc;
+        d->raw_cap = rc;
     }
-    st = ckpt_pread_all(sh->fd, rd->comp, ch->comp_size, ch->offset, sh->path);
+    st = ckpt_pread_all(sh->fd, d->comp, ch->comp_size, ch->offset, sh->path);
     if (st != RG_OK) {
         return st;
     }
-    if (ckpt_crc32c(0, rd->comp, ch->comp_size) != ch->crc) {
+    if (ckpt_crc32c(0, d->comp, ch->comp_size) != ch->crc) {
         return rg_error(RG_ECORRUPT, "%s: checksum mismatch in chunk at offset %" PRIu64
                         " (tensor %s)", sh->path, ch->offset, t->name);
     }
-    got = ZSTD_decompressDCtx(rd->dctx, rd->raw, ch->raw_size, rd->comp, ch->comp_size);
+    got = ZSTD_decompressDCtx(d->dctx, d->raw, ch->raw_size, d->comp, ch->comp_size);
     if (ZSTD_isError(got) || got != ch->raw_size) {
         return rg_error(RG_ECORRUPT, "%s: chunk at offset %" PRIu64 " (tensor %s) does not "
                         "decode: %s", sh->path, ch->offset, t->name,
                         ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
     }
     if (t->flags & RG_CKPT_SHUFFLE) {
-        ckpt_unshuffle(rd->raw2, rd->raw, ch->raw_size, rg_dtype_size(t->dtype));
-        *out = rd->raw2;
+        ckpt_unshuffle(d->raw2, d->raw, ch->raw_size, rg_dtype_size(t->dtype));
+        *out = d->raw2;
     } else {
-        *out = rd->raw;
+        *out = d->raw;
     }
     return RG_OK;
 }
 
-/* Copies bytes [lo, hi) of a piece's data into dst. */
-static rg_status_t reader_piece_bytes(rg_ckpt_reader_t *rd, const reader_piece_t *p,
-                                      uint64_t lo, uint64_t hi, uint8_t *dst)
+/* Adds a task per chunk overlapping bytes [lo, hi) of a piece, copied to dst. */
+static size_t reader_piece_tasks(const rg_ckpt_reader_t *rd, const reader_piece_t *p,
+                                 uint64_t lo, uint64_t hi, uint8_t *dst, reader_task_t *tasks)
 {
     const reader_shard_t *sh = &rd->shards[p->shard];
     const ckpt_chunk_meta_t *chunks = sh->idx.chunks + p->t->first_chunk;
     size_t n = p->t->n_chunks;
     size_t a = 0;
     size_t b = n;
+    size_t k = 0;
 
     while (a < b) {   /* first chunk that ends after lo */
         size_t mid = a + (b - a) / 2;
@@ -355,14 +385,88 @@ static rg_status_t reader_piece_bytes(rg_ckpt_reader_t *rd, const reader_piece_t
         }
     }
     for (size_t c = a; c < n && chunks[c].raw_offset < hi; c++) {
-        const uint8_t *data;
         uint64_t from = RG_MAX(lo, chunks[c].raw_offset);
         uint64_t to = RG_MIN(hi, chunks[c].raw_offset + chunks[c].raw_size);
-        rg_status_t st = reader_chunk(rd, sh, p->t, &chunks[c], &data);
-        if (st != RG_OK) {
-            return st;
+        if (tasks != NULL) {
+            tasks[k] = (reader_task_t){.sh = sh, .t = p->t, .ch = &chunks[c],
+                                       .from = from - chunks[c].raw_offset, .len = to - from,
+                                       .dst = dst + (from - lo)};
         }
-        memcpy(dst + (from - lo), data + (from - chunks[c].raw_offset), to - from);
+        k++;
+    }
+    return k;
+}
+
+typedef struct {
+    reader_task_t   *tasks;
+    size_t           n;
+    atomic_size_t    next;
+    atomic_bool      failed;
+    pthread_mutex_t  mu;
+    rg_status_t      st;
+    char             err[1024];
+} reader_job_t;
+
+typedef struct {
+    reader_job_t     *job;
+    reader_decoder_t *dec;
+} reader_worker_t;
+
+static void *reader_worker(void *arg)
+{
+    reader_worker_t *w = arg;
+    reader_job_t *j = w->job;
+
+    while (!atomic_load(&j->failed)) {
+        size_t i = atomic_fetch_add(&j->next, 1);
+        const reader_task_t *tk;
+        const uint8_t *data;
+        rg_status_t st;
+        if (i >= j->n) {
+            break;
+        }
+        tk = &j->tasks[i];
+        st = reader_chunk(w->dec, tk->sh, tk->t, tk->ch, &data);
+        if (st != RG_OK) {
+            pthread_mutex_lock(&j->mu);
+            if (!atomic_load(&j->failed)) {
+                j->st = st;
+                ckpt_fmt(j->err, sizeof(j->err), "%s", rg_last_error());
+                atomic_store(&j->failed, true);
+            }
+            pthread_mutex_unlock(&j->mu);
+            break;
+        }
+        memcpy(tk->dst, data + tk->from, tk->len);
+    }
+    return NULL;
+}
+
+/* Decodes the tasks on the caller's thread and, when there are several, on more. */
+static rg_status_t reader_run(rg_ckpt_reader_t *rd, reader_task_t *tasks, size_t n)
+{
+    reader_job_t j = {.tasks = tasks, .n = n, .st = RG_OK};
+    reader_worker_t w[READER_THREADS];
+    pthread_t th[READER_THREADS];
+    int started = 0;
+
+    pthread_mutex_init(&j.mu, NULL);
+    for (int i = 0; i < READER_THREADS; i++) {
+        w[i] = (reader_worker_t){.job = &j, .dec = &rd->dec[i]};
+    }
+    for (int i = 1; i < READER_THREADS && (size_t)i < n; i++) {
+        if (pthread_create(&th[i], NULL, reader_worker, &w[i]) != 0) {
+            break;      /* fewer threads: the work still gets done */
+        }
+        started = i;
+    }
+    reader_worker(&w[0]);
+    for (int i = 1; i <= started; i++) {
+        pthread_join(th[i], NULL);
+    }
+    pthread_mutex_destroy(&j.mu);
+    if (j.st != RG_OK) {
+        return rg_error(j.st, "%s", j.err);
     }
     return RG_OK;
 }
@@ -374,6 +478,9 @@ rg_status_t rg_ckpt_reader_read(rg_ckpt_reader_t *rd, const rg_ckpt_request_t *r
     uint64_t cursor;
     uint64_t end;
     uint64_t row_bytes;
+    reader_task_t *tasks = NULL;
+    size_t n_tasks = 0;
+    rg_status_t st;
 
     if (rd == NULL || req == NULL || req->name == NULL) {
         return rg_error(RG_EINVAL, "rg_ckpt_reader_read: bad arguments");
@@ -393,33 +500,44 @@ rg_status_t rg_ckpt_reader_read(rg_ckpt_reader_t *rd, const rg_ckpt_request_t *r
                         req->row_count, req->dst_bytes, (int)p->t->dtype, p->t->shape[0],
                         row_bytes);
     }
-    cursor = req->row_begin;
-    end = req->row_begin + req->row_count;
-    for (size_t i = at; i < rd->n_pieces && cursor < end &&
-                        strcmp(rd->pieces[i].t->name, req->name) == 0; i++) {
-        const ckpt_tensor_meta_t *t = rd->pieces[i].t;
-        uint64_t upto;
-        rg_status_t st;
-        if (t->row_begin + t->row_count <= cursor) {
-            continue;
+    /* Two passes over the pieces in row order: count the chunks, then list them. */
+    for (int pass = 0; pass < 2; pass++) {
+        size_t k = 0;
+        cursor = req->row_begin;
+        end = req->row_begin + req->row_count;
+        for (size_t i = at; i < rd->n_pieces && cursor < end &&
+                            strcmp(rd->pieces[i].t->name, req->name) == 0; i++) {
+            const ckpt_tensor_meta_t *t = rd->pieces[i].t;
+            uint64_t upto;
+            if (t->row_begin + t->row_count <= cursor) {
+                continue;
+            }
+            if (t->row_begin > cursor) {
+                break;
+            }
+            upto = RG_MIN(end, t->row_begin + t->row_count);
+            k += reader_piece_tasks(rd, &rd->pieces[i], (cursor - t->row_begin) * row_bytes,
+                                    (upto - t->row_begin) * row_bytes,
+                                    (uint8_t *)req->dst + (cursor - req->row_begin) * row_bytes,
+                                    tasks ? tasks + k : NULL);
+            cursor = upto;
         }
-        if (t->row_begin > cursor) {
-            break;
+        if (cursor < end) {
+            free(tasks);
+            return rg_error(RG_ECORRUPT, "step %" PRId64 ": rows [%" PRIu64 ", %" PRIu64
+                            ") of %s are in no shard", rd->step, cursor, end, req->name);
         }
-        upto = RG_MIN(end, t->row_begin + t->row_count);
-        st = reader_piece_bytes(rd, &rd->pieces[i], (cursor - t->row_begin) * row_bytes,
-                                (upto - t->row_begin) * row_bytes,
-                                (uint8_t *)req->dst + (cursor - req->row_begin) * row_bytes);
-        if (st != RG_OK) {
-            return st;
+        if (pass == 0) {
+            n_tasks = k;
+            tasks = malloc((n_tasks ? n_tasks : 1) * sizeof(*tasks));
+            if (tasks == NULL) {
+                return rg_error(RG_ENOMEM, "no memory to plan a read of %s", req->name);
+            }
         }
-        cursor = upto;
     }
-    if (cursor < end) {
-        return rg_error(RG_ECORRUPT, "step %" PRId64 ": rows [%" PRIu64 ", %" PRIu64 ") of %s "
-                        "are in no shard", rd->step, cursor, end, req->name);
-    }
-    return RG_OK;
+    st = reader_run(rd, tasks, n_tasks);
+    free(tasks);
+    return st;
 }
 
 rg_status_t rg_ckpt_verify(const char *root, int64_t step)
@@ -434,8 +552,8 @@ rg_status_t rg_ckpt_verify(const char *root, int64_t step)
             const ckpt_tensor_meta_t *t = &idx->tensors[i];
             for (uint32_t c = 0; st == RG_OK && c < t->n_chunks; c++) {
                 const uint8_t *data;
-                st = reader_chunk(rd, &rd->shards[r], t, &idx->chunks[t->first_chunk + c],
-                                  &data);
+                st = reader_chunk(&rd->dec[0], &rd->shards[r], t,
+                                  &idx->chunks[t->first_chunk + c], &data);
             }
         }
     }

@@ -20,8 +20,8 @@
  * read, so loading at another world size reshards.
  *
  * Threads: an rg_ckpt_t is used by one thread at a time (its training loop); its background
- * threads are internal. Readers and the listing functions are independent and thread-safe
- * per object.
+ * threads are internal. A reader is used by one thread at a time; different readers and the
+ * listing functions may run on any threads. A save handle may be waited on from any thread.
  */
 #ifndef REGROUP_CKPT_H
 #define REGROUP_CKPT_H
@@ -167,8 +167,11 @@ typedef struct {
     size_t      dst_bytes;     /* must equal the size of those rows */
 } rg_ckpt_request_t;
 
-/* Reads the requested rows of one tensor, verifying every chunk read. Blocks on disk.
- * RG_ECORRUPT: a chunk failed its checksum or the rows are not all in the checkpoint. */
+/* Reads the requested rows of one tensor, verifying every chunk read; chunks are decoded on
+ * the calling thread and one helper thread. Blocks on disk. Not for concurrent use of one
+ * reader. RG_ECORRUPT: a chunk failed its checksum or the rows are not all in the
+ * checkpoint (the message names the file and tensor); RG_EINVAL: the request does not fit
+ * the saved tensor (dtype, rows, dst_bytes); RG_ENOENT: no such tensor. */
 rg_status_t rg_ckpt_reader_read(rg_ckpt_reader_t *reader, const rg_ckpt_request_t *req)
     RG_CKPT_NODISCARD;
 
