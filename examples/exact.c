@@ -10,6 +10,8 @@
  *            [--work W] [--trace DIR] [--kill-at STEP --kill-rank R] [--pad-kb KB]
  *            [--stop-file PATH]
  *   rg-exact --expect [same data options]     prints the expected digest and exits
+ *   rg-exact --trainer N --ckpt-root DIR [...] runs itself on N local workers through
+ *                                              rg_trainer_fit (no launcher needed)
  *
  * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
  * "exact=1 digest=<hex> steps=<n>" when the result equals the vector computed directly, or
@@ -44,6 +46,8 @@ typedef struct {
     int64_t     kill_at;
     int64_t     kill_rank;
     int64_t     pad_kb;
+    int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
+    const char *trainer_ckpt; /* the trainer's checkpoint root */
     const char *trace;
     const char *stop_file;
     bool        expect;
@@ -134,6 +138,11 @@ static int parse(int argc, char **argv, options_t *o)
             continue;
         } else if (strcmp(a, "--stop-file") == 0) {
             o->stop_file = v;
+            continue;
+        } else if (strcmp(a, "--trainer") == 0) {
+            dst = &o->trainer, lo = 1, hi = 256;
+        } else if (strcmp(a, "--ckpt-root") == 0) {
+            o->trainer_ckpt = v;
             continue;
         } else {
             return usage(a);
@@ -350,6 +359,12 @@ out:
     return st;
 }
 
+/* The training function of the trainer form: the same run, the context made for us. */
+static rg_status_t train_fn(rg_train_ctx_t *ctx, void *arg)
+{
+    return run(ctx, arg);
+}
+
 int main(int argc, char **argv)
 {
     options_t o;
@@ -357,6 +372,20 @@ int main(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc != 0) {
         return rc;
+    }
+    if (o.trainer > 0) {
+        if (o.trainer_ckpt == NULL) {
+            return usage("--trainer needs --ckpt-root");
+        }
+        rg_scaling_config_t sc = {.num_workers = (int)o.trainer, .max_failures = 3,
+                                  .ckpt_root = o.trainer_ckpt, .argc = argc, .argv = argv};
+        rg_status_t st = rg_trainer_fit(train_fn, &o, &sc);
+        if (st != RG_OK) {
+            fprintf(stderr, "rg-exact: %s\n", rg_last_error());
+            return 1;
+        }
+        printf("trainer: the job finished\n");
+        return 0;
     }
     if (o.expect) {
         int64_t *want = malloc(sizeof(int64_t) * (size_t)o.dim);

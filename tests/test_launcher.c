@@ -240,6 +240,19 @@ START_TEST(test_resize_on_node_loss_and_return)
     }
     ck_assert_int_eq(seen, 0x3f);
 
+    /* `regroup status` shows the round: members, ranks and world size. */
+    char cmd[800];
+    char out[4096];
+    snprintf(cmd, sizeof(cmd), "%s status --rdzv-endpoint=%s --rdzv-id=job1", REGROUP_BIN,
+             srv.endpoints);
+    FILE *ps = popen(cmd, "r");
+    ck_assert_ptr_nonnull(ps);
+    size_t got = fread(out, 1, sizeof(out) - 1, ps);
+    out[got] = '\0';
+    ck_assert_int_eq(pclose(ps), 0);
+    ck_assert_msg(strstr(out, "3 nodes, world size 6") != NULL && strstr(out, "4-5") != NULL,
+                  "status says: %s", out);
+
     /* A node is lost: its workers die with it, the other two go on at world 4. */
     pid_t victim = agents[2];
     pid_t orphans[2];

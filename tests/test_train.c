@@ -235,6 +235,19 @@ START_TEST(test_exact_with_node_joining)
 }
 END_TEST
 
+/* rg_trainer_fit: the program runs itself on local workers, with restarts and checkpoints. */
+START_TEST(test_trainer_fit)
+{
+    char *argv[] = {RG_EXACT_BIN, "--trainer", "2", "--ckpt-root", ckpt, "--kill-at", "22",
+                    "--kill-rank", "1", NULL};
+    pid_t pid = spawn("trainer", argv);
+    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert(log_has("trainer", "killing myself at step 22"));
+    ck_assert(log_has("trainer", "exact=1"));
+    ck_assert(log_has("trainer", "trainer: the job finished"));
+}
+END_TEST
+
 /* The MLP at world size 2: a short run drives the loss well below where it started. */
 START_TEST(test_mlp_loss_falls_at_world_2)
 {
@@ -277,6 +290,7 @@ int main(void)
     tcase_add_test(tc, test_exact_after_worker_kill);
     tcase_add_test(tc, test_exact_with_node_joining);
     tcase_add_test(tc, test_mlp_loss_falls_at_world_2);
+    tcase_add_test(tc, test_trainer_fit);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -52,6 +52,7 @@ rg_status_t rg_trainer_fit(rg_train_fn_t fn, void *arg, const rg_scaling_config_
                         "CPUs only");
     }
     if (getenv(TRAINER_WORKER_ENV) != NULL) {
+        fflush(stdout);
         exit(run_worker(fn, arg));
     }
     n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
