@@ -368,6 +368,46 @@ START_TEST(test_standalone_leaves_nothing)
 }
 END_TEST
 
+static bool file_has(const char *path, const char *text)
+{
+    char buf[4096];
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return strstr(buf, text) != NULL;
+}
+
+START_TEST(test_log_dir_tee_and_redirects)
+{
+    char logdir[300];
+    char arg[320];
+    char path[512];
+    setup_dir();
+    stop_workers();
+    snprintf(logdir, sizeof(logdir), "%s/logs", dir);
+    snprintf(arg, sizeof(arg), "--log-dir=%s", logdir);
+    /* --tee: to the files and to the console, prefixed with the rank. */
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", arg, "--tee=3", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 1]: rank 1 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(file_has(path, "rank 1 done"), "%s", path);
+    /* --redirects: to the files only. */
+    pid = start_agent(1, "--standalone", "--nproc-per-node=1", arg, "--redirects=1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(!log_contains(1, "rank 0 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
+    ck_assert(file_has(path, "rank 0 done"));
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char cmd[1024];
@@ -463,6 +503,7 @@ int main(void)
     tcase_add_checked_fixture(tc2, NULL, kill_agents);
     tcase_add_test(tc2, test_standalone_leaves_nothing);
     tcase_add_test(tc2, test_bad_options);
+    tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
     suite_add_tcase(s, tc2);
