@@ -1,7 +1,8 @@
 /*
  * rg-bench-launcher: the launcher's own cost, side by side with torchrun.
  *
- *   rg-bench-launcher [--reps=N] [--only=regroup|torchrun] [--worker=PATH]
+ *   rg-bench-launcher [--reps=N] [--only=regroup|torchrun] [--scenarios=a,b,...]
+ *                     [--worker=PATH]
  *
  * Workers are a shell script (tests/data/rg_test_worker.sh) that appends
  * "start ROUND RANK WORLD RESTART PID ... UNIX_TIME" to an events file and waits. Each
@@ -43,6 +44,21 @@ static char regroup_bin[512];
 static rg_etcd_server_t etcd;
 static pid_t agents[MAX_AGENTS];
 static int store_port;
+static const char *scenarios;   /* NULL: all */
+
+static bool wanted(const char *name)
+{
+    if (scenarios == NULL) {
+        return true;
+    }
+    size_t n = strlen(name);
+    for (const char *p = strstr(scenarios, name); p != NULL; p = strstr(p + 1, name)) {
+        if ((p == scenarios || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) {
+            return true;
+        }
+    }
+    return false;
+}
 
 static double wall(void)
 {
@@ -367,11 +383,13 @@ int main(int argc, char **argv)
             reps = atoi(argv[i] + 7);
         } else if (strncmp(argv[i], "--only=", 7) == 0) {
             only = argv[i] + 7;
+        } else if (strncmp(argv[i], "--scenarios=", 12) == 0) {
+            scenarios = argv[i] + 12;
         } else if (strncmp(argv[i], "--worker=", 9) == 0) {
             snprintf(worker, sizeof(worker), "%s", argv[i] + 9);
         } else {
             fprintf(stderr, "usage: rg-bench-launcher [--reps=N] [--only=regroup|torchrun] "
-                            "[--worker=PATH]\n");
+                            "[--scenarios=a,b,...] [--worker=PATH]\n");
             return 2;
         }
     }
@@ -398,12 +416,24 @@ int main(int argc, char **argv)
                    "installed (scripts/setup.sh --bench)\"}\n");
             continue;
         }
-        scenario_worker_kill((launcher_t)l, 1, 4, reps);
-        scenario_worker_kill((launcher_t)l, 3, 2, reps);
-        scenario_agent((launcher_t)l, SIGTERM, reps);
-        scenario_agent((launcher_t)l, SIGKILL, RG_MIN(reps, 3));
-        scenario_start8((launcher_t)l, reps);
-        scenario_idle((launcher_t)l);
+        if (wanted("worker_kill_1node")) {
+            scenario_worker_kill((launcher_t)l, 1, 4, reps);
+        }
+        if (wanted("worker_kill_3nodes")) {
+            scenario_worker_kill((launcher_t)l, 3, 2, reps);
+        }
+        if (wanted("agent_sigterm")) {
+            scenario_agent((launcher_t)l, SIGTERM, reps);
+        }
+        if (wanted("agent_sigkill")) {
+            scenario_agent((launcher_t)l, SIGKILL, RG_MIN(reps, 3));
+        }
+        if (wanted("start_8")) {
+            scenario_start8((launcher_t)l, reps);
+        }
+        if (wanted("idle_cpu")) {
+            scenario_idle((launcher_t)l);
+        }
     }
     rg_etcd_server_stop(&etcd);
     char cmd[300];
