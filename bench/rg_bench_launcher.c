@@ -65,24 +65,6 @@ static double wall(void)
     return rg_wall_s();
 }
 
-static pid_t spawn(char **argv, const char *log)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
 static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, const char *job)
 {
     char log[300];
@@ -99,14 +81,14 @@ static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, cons
         char *argv[] = {regroup_bin, nn, np, ep, id,
                         "--rdzv-conf=lease_ttl=2,last_call_timeout=1", "--max-restarts=1000",
                         "--monitor-interval=1", worker, NULL};
-        agents[i] = spawn(argv, log);
+        agents[i] = rg_proc_spawn(argv, log);
     } else {
         snprintf(ep, sizeof(ep), "--rdzv_endpoint=127.0.0.1:%d", store_port);
         char *argv[] = {"torchrun", nn, np, "--rdzv_backend=c10d", ep, id,
                         "--rdzv_conf=last_call_timeout=1", "--monitor_interval=0.1",
                         "--max_restarts=1000", "--redirects=1", "--tee=1", "--no_python",
                         worker, NULL};
-        agents[i] = spawn(argv, log);
+        agents[i] = rg_proc_spawn(argv, log);
     }
 }
 
@@ -120,13 +102,10 @@ static void stop_all(void)
     }
     for (int i = 0; i < MAX_AGENTS; i++) {
         if (agents[i] > 0) {
-            uint64_t until = rg_now_ns() + 15000000000ull;
-            int st;
-            while (waitpid(agents[i], &st, WNOHANG) == 0 && rg_now_ns() < until) {
-                rg_sleep_ms(10);
+            if (rg_proc_wait(agents[i], 15000) < 0) {
+                kill(agents[i], SIGKILL);
+                waitpid(agents[i], NULL, 0);
             }
-            kill(agents[i], SIGKILL);
-            waitpid(agents[i], &st, 0);
             agents[i] = 0;
         }
     }

@@ -123,7 +123,6 @@ static void start_agent(void)
     char ep[700];
     char nn[64];
     int i = n_agent_slots++;
-    pid_t parent = getpid();
 
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.endpoints);
@@ -134,18 +133,7 @@ static void start_agent(void)
                     (char *)opt.exact, "--epochs", "1000000", "--stop-file", stop_file,
                     "--pad-kb", "4096", "--ckpt-every", "4", "--work", "20000", "--dim", "64",
                     NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = rg_proc_spawn(argv, log);
     agents[i] = pid;
     alive[i] = pid > 0;
 }
