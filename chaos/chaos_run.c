@@ -15,6 +15,7 @@
 
 #include <regroup/ckpt.h>
 #include <regroup/etcd.h>
+#include <regroup/rdzv.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -797,7 +798,7 @@ int main(int argc, char **argv)
     setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
     setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
     setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("REGROUP_LOG_LEVEL", "warn", 1);
+    setenv("REGROUP_LOG_LEVEL", "warn", 0);
 
     say("chaos: seed %llu, %d faults, %d nodes, scenario %s, run dir %s",
         (unsigned long long)opt.seed, opt.faults, opt.nodes, opt.scenario, dir);
@@ -872,6 +873,12 @@ int main(int argc, char **argv)
             injected, fault_names[kind], r->target, r->recovery_s, (long long)r->committed,
             (long long)r->resumed);
         if (!ok) {
+            /* Where it hung: the job's state as etcd holds it. */
+            say("fault %d did not recover within %d ms; the job's state:", injected,
+                RECOVERY_MAX_MS);
+            if (rg_rdzv_status_print(&ep, "chaos", stdout) != RG_OK) {
+                say("cannot read the job's state: %s", rg_last_error());
+            }
             inv.recovered = false;
         }
         injected++;
