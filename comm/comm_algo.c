@@ -48,6 +48,9 @@ void *comm_buf_alloc(rg_comm_req_t *req, size_t bytes)
 
 void comm_buf_free(rg_comm_req_t *req, void *p)
 {
+    if (p == req->tmp_inline.bytes) {
+        return;
+    }
     if (req->mem == UCS_MEMORY_TYPE_CUDA) {
         comm_dev_free(p);
     } else {
@@ -410,14 +413,13 @@ static rg_status_t use_phases(rg_comm_req_t *req, const comm_phases_t *ph, int n
     req->n_phases = n_phases;
     req->phase = -1;
     req->advance = comm_phases_advance;
-    if (n_xfers > 0) {
-        req->xfers = calloc((size_t)n_xfers, sizeof(*req->xfers));
-        if (req->xfers == NULL) {
-            return rg_error(RG_ENOMEM, "%s: out of memory", req->name);
-        }
-        req->n_xfers = n_xfers;
+    if (n_xfers > 0 && comm_xfers_alloc(req, n_xfers) == NULL) {
+        return rg_error(RG_ENOMEM, "%s: out of memory", req->name);
     }
-    if (tmp_bytes > 0) {
+    if (tmp_bytes > 0 && tmp_bytes <= sizeof(req->tmp_inline.bytes) &&
+        req->mem == UCS_MEMORY_TYPE_HOST) {
+        req->tmp = req->tmp_inline.bytes;
+    } else if (tmp_bytes > 0) {
         req->tmp = comm_buf_alloc(req, tmp_bytes);
         if (req->tmp == NULL) {
             return rg_error(RG_ENOMEM, "%s: out of memory for %zu scratch bytes", req->name,

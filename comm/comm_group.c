@@ -6,6 +6,12 @@
 #define COMM_DEFAULT_TIMEOUT_MS   30000
 #define COMM_DEFAULT_RING_MIN     (64 * 1024)
 #define COMM_DEFAULT_SEGMENT      (256 * 1024)
+#define COMM_DEFAULT_WINDOW       8
+
+/* Tuning knobs (read once per group):
+ *   REGROUP_COMM_RING_MIN_BYTES  messages at least this large use the ring (default 64 KiB)
+ *   REGROUP_COMM_SEGMENT_BYTES   ring segment (default 256 KiB)
+ *   REGROUP_COMM_RING_WINDOW     ring segments in flight (default 8) */
 
 /* A size from the environment: default when unset, an error naming it when malformed. */
 static rg_status_t comm_env_size(const char *name, size_t def, size_t min, size_t *out)
@@ -47,6 +53,10 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     if (st == RG_OK) {
         st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES", COMM_DEFAULT_SEGMENT, 64,
                            &comm->seg_bytes);
+    }
+    if (st == RG_OK) {
+        st = comm_env_size("REGROUP_COMM_RING_WINDOW", COMM_DEFAULT_WINDOW, 1,
+                           &comm->ring_window);
     }
     if (st != RG_OK) {
         free(comm);
