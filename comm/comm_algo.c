@@ -454,18 +454,19 @@ static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
         }
         return use_phases(req, &bcast_tree_phases, 2, 1 + ceil_log2(n), 0);
     case COMM_ALLREDUCE:
-        st = comm_local_copy(req, req->out, req->in, bytes);
-        if (st != RG_OK) {
-            return st;
-        }
-        if (n == 1) {
-            break;
-        }
-        if (ring && req->count >= (size_t)n) {
-            req->in = req->out; /* copied: reduce in place, no extra pass over sendbuf */
+        if (n > 1 && ring && req->count >= (size_t)n) {
+            /* Out of place needs no copy: each reduce-scatter step reads sendbuf's chunk and
+             * writes recvbuf's; the one chunk never reduced here arrives by allgather. */
             comm_ring_cfg_t cfg = {.do_rs = true, .do_ag = true, .base = req->count / (size_t)n,
                                    .rem = req->count % (size_t)n};
             return comm_ring_init(req, &cfg);
+        }
+        st = comm_local_copy(req, req->out, req->in, bytes);
+        if (st != RG_OK || n == 1) {
+            if (st == RG_OK) {
+                break;
+            }
+            return st;
         }
         return use_phases(req, &rd_phases, 2 + ceil_log2(rd_shape(n, r).p2), 2, bytes);
     case COMM_ALLGATHER:

@@ -5,13 +5,13 @@
 
 #define COMM_DEFAULT_TIMEOUT_MS   30000
 #define COMM_DEFAULT_RING_MIN     (64 * 1024)
-#define COMM_DEFAULT_SEGMENT      (256 * 1024)
-#define COMM_DEFAULT_WINDOW       8
+#define COMM_DEFAULT_SEGMENT      (64 * 1024)
+#define COMM_DEFAULT_WINDOW       16
 
 /* Tuning knobs (read once per group):
  *   REGROUP_COMM_RING_MIN_BYTES  messages at least this large use the ring (default 64 KiB)
- *   REGROUP_COMM_SEGMENT_BYTES   ring segment (default 256 KiB)
- *   REGROUP_COMM_RING_WINDOW     ring segments in flight (default 8) */
+ *   REGROUP_COMM_SEGMENT_BYTES   ring segment (default 64 KiB)
+ *   REGROUP_COMM_RING_WINDOW     ring segments in flight (default 16) */
 
 /* A size from the environment: default when unset, an error naming it when malformed. */
 static rg_status_t comm_env_size(const char *name, size_t def, size_t min, size_t *out)
