@@ -220,7 +220,8 @@ rg_status_t comm_check_args(rg_comm_t *comm, const char *name, rg_dtype_t dtype,
     }
     if (opts != NULL && opts->mem_type == RG_MEM_CUDA && !comm_cuda_available()) {
         return rg_error(RG_ENOTSUP,
-                        "%s: CUDA device buffers need a build with CUDA (REGROUP_CUDA)", name);
+                        "%s: CUDA device buffers are not supported here: they need a build with "
+                        "CUDA (REGROUP_CUDA) and a CUDA device", name);
     }
     if (!comm->healthy) {
         return comm_unhealthy_error(comm, name);
