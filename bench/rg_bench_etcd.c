@@ -9,7 +9,7 @@
  * object per line: op, clients, ops, ops_per_s, p50_us, p99_us, max_us.
  */
 #include "rg_common.h"
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
 
 #include <regroup/etcd.h>
 
@@ -140,7 +140,7 @@ int main(int argc, char **argv)
     const char *endpoints = NULL;
     double seconds = 3;
     char clients_list[64] = "1,8";
-    rg_test_etcd_t srv;
+    rg_etcd_server_t srv;
     bool own = false;
     int rc = 0;
 
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (endpoints == NULL) {
-        if (rg_test_etcd_start(&srv, NULL) != 0) {
+        if (rg_etcd_server_start(&srv, NULL) != 0) {
             fprintf(stderr, "rg-bench-etcd: cannot start a private etcd\n");
             return 1;
         }
@@ -181,7 +181,7 @@ int main(int argc, char **argv)
         }
     }
     if (own) {
-        rg_test_etcd_stop(&srv);
+        rg_etcd_server_stop(&srv);
     }
     return rc;
 }

@@ -157,7 +157,7 @@ DEF_CMP(u8_max, uint8_t, OP_MAX)
 typedef void (*reduce_fn)(void *, const void *, const void *, size_t);
 
 /* [dtype][op]: sum, avg (= sum), min, max, prod */
-static const reduce_fn reduce_table[7][5] = {
+static const reduce_fn reduce_table[RG_DTYPE_U8 + 1][5] = {
     [RG_DTYPE_F32] = {f32_sum, f32_sum, f32_min, f32_max, f32_prod},
     [RG_DTYPE_F64] = {f64_sum, f64_sum, f64_min, f64_max, f64_prod},
     [RG_DTYPE_F16] = {f16_sum, f16_sum, f16_min, f16_max, f16_prod},

@@ -20,4 +20,10 @@ for variant in plain sanitize; do
         status=1
     fi
 done
+
+# The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed.
+echo "== chaos (quick) =="
+if ! REGROUP_BUILD=build-test-plain chaos/run --quick --seed 1 --report build-test-plain/chaos-report.json; then
+    status=1
+fi
 exit $status

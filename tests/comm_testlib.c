@@ -1,7 +1,7 @@
 /* Test support for comm/: rank processes over a real etcd (see comm_testlib.h). */
 #include "comm_testlib.h"
 
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,14 +14,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static rg_test_etcd_t test_etcd;
+static rg_etcd_server_t test_etcd;
 static bool test_etcd_up;
 static int run_counter;
 
 const char *comm_test_etcd(void)
 {
     if (!test_etcd_up) {
-        if (rg_test_etcd_start(&test_etcd, NULL) != 0) {
+        if (rg_etcd_server_start(&test_etcd, NULL) != 0) {
             return NULL;
         }
         test_etcd_up = true;
@@ -32,7 +32,7 @@ const char *comm_test_etcd(void)
 void comm_test_etcd_stop(void)
 {
     if (test_etcd_up) {
-        rg_test_etcd_stop(&test_etcd);
+        rg_etcd_server_stop(&test_etcd);
         test_etcd_up = false;
     }
 }

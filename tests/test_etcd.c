@@ -1,6 +1,6 @@
 /* The etcd client against real etcd servers started on free loopback ports. */
 #include "rg_common.h"
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
 
 #include <regroup/etcd.h>
 
@@ -12,7 +12,7 @@
 
 #define FAST_ETCD "--heartbeat-interval=10 --election-timeout=100"
 
-static rg_test_etcd_t srv;
+static rg_etcd_server_t srv;
 static rg_etcd_t *cli;
 
 static rg_etcd_params_t params_for(const char *endpoints)
@@ -23,7 +23,7 @@ static rg_etcd_params_t params_for(const char *endpoints)
 
 static void up(void)
 {
-    ck_assert_int_eq(rg_test_etcd_start(&srv, FAST_ETCD), 0);
+    ck_assert_int_eq(rg_etcd_server_start(&srv, FAST_ETCD), 0);
     rg_etcd_params_t p = params_for(srv.endpoints);
     ck_assert_int_eq(rg_etcd_create(&p, &cli), RG_OK);
 }
@@ -32,7 +32,7 @@ static void down(void)
 {
     rg_etcd_destroy(cli);
     cli = NULL;
-    rg_test_etcd_stop(&srv);
+    rg_etcd_server_stop(&srv);
 }
 
 static void put(rg_etcd_t *c, const char *k, const char *v)
@@ -314,8 +314,8 @@ START_TEST(test_watch_survives_restart)
     /* Take two, then the server dies with three unread and comes back on the same data. */
     expect_event(w, RG_ETCD_EVENT_PUT, "/r/k", "0");
     expect_event(w, RG_ETCD_EVENT_PUT, "/r/k", "1");
-    rg_test_etcd_kill(&srv, 0, SIGKILL);
-    ck_assert_int_eq(rg_test_etcd_restart(&srv, 0), 0);
+    rg_etcd_server_kill(&srv, 0, SIGKILL);
+    ck_assert_int_eq(rg_etcd_server_restart(&srv, 0), 0);
     for (int i = 5; i < 10; i++) {
         snprintf(v, sizeof(v), "%d", i);
         put(cli, "/r/k", v);
@@ -342,7 +342,7 @@ START_TEST(test_watch_compacted)
     put(cli, "/c/k", "1");
     put(cli, "/c/k", "2");
     ck_assert_int_eq(rg_etcd_put_str(cli, "/c/k", "3", 0, 0, &rev), RG_OK);
-    ck_assert_int_eq(rg_test_etcdctl(&srv, "compaction 4"), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "compaction 4"), 0);
     /* Reading a compacted revision is its own error. */
     rg_etcd_range_req_t rq = {.key = "/c/k", .revision = 2};
     rg_etcd_range_t r;
@@ -366,7 +366,7 @@ START_TEST(test_unreachable)
     rg_etcd_t *c;
     char ep[64];
     int64_t lease;
-    snprintf(ep, sizeof(ep), "127.0.0.1:%d", rg_test_free_port());
+    snprintf(ep, sizeof(ep), "127.0.0.1:%d", rg_free_port());
     rg_etcd_params_t p = params_for(ep);
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
     uint64_t t0 = rg_now_ns();
@@ -383,12 +383,12 @@ END_TEST
 
 START_TEST(test_cluster_failover)
 {
-    rg_test_etcd_t cl;
+    rg_etcd_server_t cl;
     rg_etcd_t *c;
     rg_etcd_watch_t *w;
     char v[16];
 
-    ck_assert_int_eq(rg_test_etcd_cluster_start(&cl, 3,
+    ck_assert_int_eq(rg_etcd_server_cluster_start(&cl, 3,
                      "--heartbeat-interval=50 --election-timeout=500"), 0);
     rg_etcd_params_t p = params_for(cl.endpoints);
     /* Killing the leader costs an election (500 ms here, longer on a loaded machine). */
@@ -409,7 +409,7 @@ START_TEST(test_cluster_failover)
         }
     }
     ck_assert_int_ge(victim, 0);
-    rg_test_etcd_kill(&cl, victim, SIGKILL);
+    rg_etcd_server_kill(&cl, victim, SIGKILL);
     for (int i = 2; i < 6; i++) {
         snprintf(v, sizeof(v), "%d", i);
         rg_status_t st = rg_etcd_put_str(c, "/f/k", v, 0, 0, NULL);
@@ -422,7 +422,7 @@ START_TEST(test_cluster_failover)
     }
     rg_etcd_watch_destroy(w);
     rg_etcd_destroy(c);
-    rg_test_etcd_stop(&cl);
+    rg_etcd_server_stop(&cl);
 }
 END_TEST
 
@@ -434,8 +434,8 @@ START_TEST(test_auth)
     char *v;
     size_t len;
 
-    ck_assert_int_eq(rg_test_etcdctl(&srv, "user add root:rootpw"), 0);
-    ck_assert_int_eq(rg_test_etcdctl(&srv, "auth enable"), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "user add root:rootpw"), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "auth enable"), 0);
 
     /* Without credentials: refused, clearly. */
     rg_status_t st = rg_etcd_put_str(cli, "/a/k", "v", 0, 0, NULL);

@@ -1,6 +1,6 @@
 /* The etcd client against a tiny local HTTP server that misbehaves on purpose. */
 #include "rg_common.h"
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
 
 #include <regroup/etcd.h>
 

@@ -1,6 +1,6 @@
 /* The etcd client over TLS: a CA made for the test, a server certificate for 127.0.0.1. */
 #include "rg_common.h"
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
 
 #include <regroup/etcd.h>
 
@@ -41,7 +41,7 @@ static void remove_certs(void)
 
 START_TEST(test_tls_round_trip)
 {
-    rg_test_etcd_t srv;
+    rg_etcd_server_t srv;
     char cert[300];
     char key[300];
     char ca[300];
@@ -54,7 +54,7 @@ START_TEST(test_tls_round_trip)
     snprintf(key, sizeof(key), "%s/srv.key", dir);
     snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
     snprintf(other, sizeof(other), "%s/other.pem", dir);
-    ck_assert_int_eq(rg_test_etcd_start_tls(&srv, cert, key), 0);
+    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key), 0);
 
     rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .timeout_ms = 3000};
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
@@ -81,7 +81,7 @@ START_TEST(test_tls_round_trip)
     ck_assert_msg(strstr(rg_last_error(), "TLS") != NULL, "%s", rg_last_error());
     rg_etcd_destroy(c);
 
-    rg_test_etcd_stop(&srv);
+    rg_etcd_server_stop(&srv);
     remove_certs();
 }
 END_TEST

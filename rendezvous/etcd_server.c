@@ -1,5 +1,7 @@
 /* Real etcd servers for tests: started on free loopback ports, stopped by pid. */
-#include "rg_test_etcd.h"
+#include "etcd_server.h"
+
+#include "rg_common.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,7 +30,7 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int rg_test_free_port(void)
+int rg_free_port(void)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     socklen_t len = sizeof(sa);
@@ -88,7 +90,7 @@ out:
     return ok;
 }
 
-bool rg_test_etcd_wait_ready(const char *url, int timeout_ms)
+bool rg_etcd_server_wait_ready(const char *url, int timeout_ms)
 {
     const char *colon = strrchr(url, ':');
     int port = colon ? atoi(colon + 1) : 0;
@@ -137,7 +139,7 @@ static pid_t spawn(char **argv, const char *log_path)
     _exit(127);
 }
 
-static int start_member(rg_test_etcd_t *e, int i, const char *state)
+static int start_member(rg_etcd_server_t *e, int i, const char *state)
 {
     char cmd[4096];
     char cluster[1024] = "";
@@ -169,7 +171,7 @@ static int start_member(rg_test_etcd_t *e, int i, const char *state)
     return e->pid[i] > 0 ? 0 : -1;
 }
 
-static bool member_alive(rg_test_etcd_t *e, int i)
+static bool member_alive(rg_etcd_server_t *e, int i)
 {
     int st;
     if (e->pid[i] <= 0) {
@@ -203,7 +205,7 @@ static bool port_open(int port, int timeout_ms)
     return false;
 }
 
-static int start_all(rg_test_etcd_t *e, int n, const char *extra, const char *cert,
+static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *cert,
                      const char *key)
 {
     memset(e, 0, sizeof(*e));
@@ -214,13 +216,13 @@ static int start_all(rg_test_etcd_t *e, int n, const char *extra, const char *ce
     snprintf(e->root, sizeof(e->root), "%s/rg-etcd-XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (mkdtemp(e->root) == NULL) {
-        fprintf(stderr, "rg_test_etcd: mkdtemp %s: %s\n", e->root, strerror(errno));
+        rg_error(RG_ESYS, "etcd server: mkdtemp %s: %s", e->root, strerror(errno));
         return -1;
     }
     for (int i = 0; i < n; i++) {
         snprintf(e->name[i], sizeof(e->name[i]), "m%d", i);
-        e->client_port[i] = rg_test_free_port();
-        e->peer_port[i] = rg_test_free_port();
+        e->client_port[i] = rg_free_port();
+        e->peer_port[i] = rg_free_port();
         snprintf(e->url[i], sizeof(e->url[i]), "%s://127.0.0.1:%d", e->cert[0] ? "https" : "http",
                  e->client_port[i]);
         size_t l = strlen(e->endpoints);
@@ -233,20 +235,20 @@ static int start_all(rg_test_etcd_t *e, int n, const char *extra, const char *ce
     }
     for (int i = 0; i < n; i++) {
         bool ready = e->cert[0] ? port_open(e->client_port[i], START_TIMEOUT_MS)
-                                : rg_test_etcd_wait_ready(e->url[i], START_TIMEOUT_MS);
+                                : rg_etcd_server_wait_ready(e->url[i], START_TIMEOUT_MS);
         if (!ready || !member_alive(e, i)) {
-            fprintf(stderr, "rg_test_etcd: member %s did not become ready (log %s/%s.log)\n",
-                    e->name[i], e->root, e->name[i]);
+            rg_error(RG_ETIMEDOUT, "etcd server: member %s did not become ready (log %s/%s.log)",
+                     e->name[i], e->root, e->name[i]);
             goto fail;
         }
     }
     return 0;
 fail:
-    rg_test_etcd_stop(e);
+    rg_etcd_server_stop(e);
     return -1;
 }
 
-int rg_test_etcd_start_tls(rg_test_etcd_t *e, const char *cert, const char *key)
+int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key)
 {
     for (int attempt = 0; attempt < 3; attempt++) {
         if (start_all(e, 1, NULL, cert, key) == 0) {
@@ -256,7 +258,7 @@ int rg_test_etcd_start_tls(rg_test_etcd_t *e, const char *cert, const char *key)
     return -1;
 }
 
-int rg_test_etcd_start(rg_test_etcd_t *e, const char *extra_flags)
+int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags)
 {
     /* A port picked free can be taken before etcd binds it: try a few times. */
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -267,9 +269,9 @@ int rg_test_etcd_start(rg_test_etcd_t *e, const char *extra_flags)
     return -1;
 }
 
-int rg_test_etcd_cluster_start(rg_test_etcd_t *e, int n, const char *extra_flags)
+int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags)
 {
-    if (n < 1 || n > RG_TEST_ETCD_MAX) {
+    if (n < 1 || n > RG_ETCD_SERVER_MAX) {
         return -1;
     }
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -296,7 +298,7 @@ static void reap(pid_t pid, int timeout_ms)
     waitpid(pid, &st, 0);
 }
 
-void rg_test_etcd_kill(rg_test_etcd_t *e, int i, int sig)
+void rg_etcd_server_kill(rg_etcd_server_t *e, int i, int sig)
 {
     if (i < 0 || i >= e->n || e->pid[i] <= 0) {
         return;
@@ -306,38 +308,38 @@ void rg_test_etcd_kill(rg_test_etcd_t *e, int i, int sig)
     e->pid[i] = 0;
 }
 
-int rg_test_etcd_restart(rg_test_etcd_t *e, int i)
+int rg_etcd_server_restart(rg_etcd_server_t *e, int i)
 {
     if (i < 0 || i >= e->n) {
         return -1;
     }
-    rg_test_etcd_kill(e, i, SIGKILL);
+    rg_etcd_server_kill(e, i, SIGKILL);
     for (int attempt = 0; attempt < 3; attempt++) {
         if (start_member(e, i, "existing") == 0 &&
-            rg_test_etcd_wait_ready(e->url[i], START_TIMEOUT_MS)) {
+            rg_etcd_server_wait_ready(e->url[i], START_TIMEOUT_MS)) {
             return 0;
         }
-        rg_test_etcd_kill(e, i, SIGKILL);
+        rg_etcd_server_kill(e, i, SIGKILL);
     }
     return -1;
 }
 
-void rg_test_etcd_stop(rg_test_etcd_t *e)
+void rg_etcd_server_stop(rg_etcd_server_t *e)
 {
     char cmd[512];
     for (int i = 0; i < e->n; i++) {
-        rg_test_etcd_kill(e, i, SIGTERM);
+        rg_etcd_server_kill(e, i, SIGTERM);
     }
-    if (e->root[0] != '\0' && getenv("RG_TEST_KEEP") == NULL) {
+    if (e->root[0] != '\0' && getenv("REGROUP_KEEP_ETCD") == NULL) {
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", e->root);
         if (system(cmd) != 0) {
-            fprintf(stderr, "rg_test_etcd: could not remove %s\n", e->root);
+            rg_warn("etcd server: could not remove %s", e->root);
         }
         e->root[0] = '\0';
     }
 }
 
-int rg_test_etcdctl(const rg_test_etcd_t *e, const char *args)
+int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args)
 {
     char cmd[2048];
     char log_path[320];

@@ -1,0 +1,385 @@
+/*
+ * rg-bench-ckpt: what a checkpoint costs the training loop, and how fast it gets to disk.
+ *
+ * State shaped like one rank's share of real training state: weights ~ N(0, 0.02) and the
+ * two Adam moments (m ~ N(0, 3e-4), v ~ m^2-like positive values), in f32 and in bf16, the
+ * same number of bytes each. One JSON object per dtype on stdout:
+ *   bytes          bytes of state saved
+ *   memcpy_ms      one memcpy of those bytes into an already-touched buffer, just before
+ *                  each save (median)
+ *   stall_ms       time inside rg_ckpt_save (median over --iters saves)
+ *   stall_vs_memcpy  median over saves of stall / the memcpy just before it
+ *   save_GBps      background throughput: bytes / (save call returned -> durable and
+ *                  committed), median
+ *   save_total_ms  save call entered -> durable and committed, median
+ *   zstd_GBps      the same chunks compressed (shuffled as saved) on --threads threads, no I/O
+ *   disk_GBps      bytes / sync_write_ms: uncompressed write + fsync of the same bytes
+ *   limit_GBps     min(zstd_GBps, disk_GBps * ratio): the pipeline cannot beat either
+ *   save_vs_limit  median over saves of (that save's throughput / the limit measured just
+ *                  before it)
+ *   ratio, ratio_noshuffle   raw / compressed bytes with and without the byte shuffle
+ *   zstd_noshuffle_GBps      compression throughput without the shuffle (measured once)
+ *   load_GBps      rg_ckpt_load of everything after dropping the shard from the page cache
+ *   sync_write_ms  the baseline: a synchronous uncompressed write + fsync
+ * Run it alone: flock /tmp/regroup-bench.lock build/bench/rg-bench-ckpt --dir DIR
+ */
+#include "ckpt_measure.h"
+#include "rg_common.h"
+
+#include <regroup/ckpt.h>
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define N_TENSORS 3
+#define MAX_ITERS 16
+
+static const char *const tensor_names[N_TENSORS] = {"weight", "adam.m", "adam.v"};
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+
+static inline uint64_t rng_next(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    rng_state = x;
+    return x;
+}
+
+static inline double rng_gauss(void)
+{
+    double u1 = ((double)(rng_next() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rng_next() >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static float state_value(int tensor)
+{
+    double g = rng_gauss();
+    switch (tensor) {
+    case 0: return (float)(0.02 * g);
+    case 1: return (float)(3e-4 * g);
+    default: return (float)(1e-7 * g * g + 1e-9 * fabs(rng_gauss()));
+    }
+}
+
+static void fill_state(void *buf, size_t n, int tensor, rg_dtype_t dtype)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = state_value(tensor);
+        if (dtype == RG_DTYPE_F32) {
+            memcpy((float *)buf + i, &v, 4);
+        } else {
+            uint32_t b;
+            uint16_t h;
+            memcpy(&b, &v, 4);
+            h = (uint16_t)((b + 0x7fff + ((b >> 16) & 1)) >> 16);  /* round to nearest even */
+            memcpy((uint16_t *)buf + i, &h, 2);
+        }
+    }
+}
+
+static double ms_since(uint64_t t0)
+{
+    return (double)(rg_now_ns() - t0) * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Writes n buffers of len bytes to a new file and fsyncs it: the synchronous baseline. */
+static int sync_write(const char *dir, void *const *bufs, int n, size_t len, double *ms)
+{
+    char path[4096];
+    uint64_t t0;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/sync-write.tmp", dir);
+    t0 = rg_now_ns();
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        return -1;
+    }
+    for (int b = 0; b < n; b++) {
+        size_t off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, (const char *)bufs[b] + off, RG_MIN(len - off, (size_t)64 << 20));
+            if (w <= 0) {
+                close(fd);
+                unlink(path);
+                return -1;
+            }
+            off += (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0) {
+        close(fd);
+        unlink(path);
+        return -1;
+    }
+    close(fd);
+    *ms = ms_since(t0);
+    unlink(path);
+    return 0;
+}
+
+/* Evicts the step's shard from the page cache, so that the load reads the disk. */
+static void drop_cache(const char *dir, int64_t step)
+{
+    char path[4096];
+    int fd;
+    snprintf(path, sizeof(path), "%s/step-%" PRId64 "/shard-00000.rgs", dir, step);
+    fd = open(path, O_RDONLY);
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+static void remove_steps(const char *dir)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    char path[4096];
+    if (rg_ckpt_list(dir, &steps, &n) == RG_OK) {
+        for (size_t i = 0; i < n; i++) {
+            snprintf(path, sizeof(path), "%s/step-%" PRId64 "/MANIFEST", dir, steps[i]);
+            unlink(path);   /* uncommitted now: cleanup removes it */
+        }
+    }
+    free(steps);
+    if (rg_ckpt_cleanup(dir, NULL) != RG_OK) {
+        fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+    }
+    rmdir(dir);
+}
+
+static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int threads)
+{
+    char dir[2048];
+    size_t esize = rg_dtype_size(dtype);
+    size_t per = (bytes / N_TENSORS) / esize;    /* elements per tensor */
+    size_t tbytes = per * esize;
+    size_t total = tbytes * N_TENSORS;
+    void *state[N_TENSORS];
+    void *dst[N_TENSORS];
+    rg_ckpt_tensor_t ts[N_TENSORS];
+    rg_ckpt_request_t reqs[N_TENSORS];
+    rg_ckpt_params_t params = {.rank = 0, .world_size = 1, .threads = threads,
+                               .staging_bytes = total + 64 * N_TENSORS, .keep_last = 1};
+    rg_ckpt_t *ck = NULL;
+    double stall[MAX_ITERS];
+    double save_s[MAX_ITERS];
+    double total_s[MAX_ITERS];
+    double zstd_gbps[MAX_ITERS];
+    double vs_limit[MAX_ITERS];
+    double copy_ms[MAX_ITERS];
+    double stall_vs[MAX_ITERS];
+    size_t comp = 0;
+    size_t comp_noshuf = 0;
+    double comp_s = 0;
+    double noshuf_s = 0;
+    double load_ms;
+    double sync_ms = 0;
+    int64_t step = 0;
+    int rc = 1;
+
+    snprintf(dir, sizeof(dir), "%s/%s", root, dtype == RG_DTYPE_F32 ? "f32" : "bf16");
+    params.root = dir;
+    for (int t = 0; t < N_TENSORS; t++) {
+        state[t] = malloc(tbytes);
+        dst[t] = malloc(tbytes);
+        if (state[t] == NULL || dst[t] == NULL) {
+            fprintf(stderr, "rg-bench-ckpt: out of memory\n");
+            return 1;
+        }
+        fill_state(state[t], per, t, dtype);
+        memset(dst[t], 0, tbytes);
+        ts[t] = (rg_ckpt_tensor_t){.name = tensor_names[t], .dtype = dtype, .ndim = 2,
+                                   .shape = {per / 1024, 1024}, .row_count = per / 1024,
+                                   .data = state[t]};
+        reqs[t] = (rg_ckpt_request_t){.name = tensor_names[t], .dtype = dtype,
+                                      .row_count = per / 1024, .dst = dst[t],
+                                      .dst_bytes = (per / 1024) * 1024 * esize};
+    }
+    /* The baseline: a plain write + fsync of the same bytes, best of 2 (the disk is shared). */
+    for (int i = 0; i < 2; i++) {
+        double ms;
+        if (sync_write(root, state, N_TENSORS, tbytes, &ms) != 0) {
+            perror("rg-bench-ckpt: sync write");
+            goto out;
+        }
+        sync_ms = i == 0 ? ms : RG_MIN(sync_ms, ms);
+    }
+    for (int t = 0; t < N_TENSORS; t++) {
+        ckpt_measure_t m;
+        if (ckpt_measure_compress(state[t], tbytes, dtype, false, 1, threads, 4u << 20,
+                                  &m) != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            goto out;
+        }
+        comp_noshuf += m.comp_bytes;
+        noshuf_s += m.seconds;
+    }
+    if (rg_ckpt_create(&params, &ck) != RG_OK) {
+        fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+        goto out;
+    }
+    for (int i = 0; i < iters; i++) {
+        rg_ckpt_save_t *sv;
+        uint64_t t0;
+        /* The compression limit, measured just before each save: the cores are shared, and
+         * a limit measured at another moment would compare unlike conditions. */
+        comp = 0;
+        comp_s = 0;
+        for (int t = 0; t < N_TENSORS; t++) {
+            ckpt_measure_t m;
+            if (ckpt_measure_compress(state[t], tbytes, dtype, true, 1, threads, 4u << 20,
+                                      &m) != RG_OK) {
+                fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+                goto out;
+            }
+            comp += m.comp_bytes;
+            comp_s += m.seconds;
+        }
+        zstd_gbps[i] = (double)total / comp_s * 1e-9;
+        /* Likewise the memcpy the stall is compared with. */
+        t0 = rg_now_ns();
+        for (int t = 0; t < N_TENSORS; t++) {
+            memcpy(dst[t], state[t], tbytes);
+        }
+        copy_ms[i] = ms_since(t0);
+        t0 = rg_now_ns();
+        step++;
+        if (rg_ckpt_save(ck, step, ts, N_TENSORS, 0, &sv) != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            goto out;
+        }
+        stall[i] = ms_since(t0);
+        stall_vs[i] = stall[i] / copy_ms[i];
+        if (rg_ckpt_save_wait(sv, 0) != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            rg_ckpt_save_release(sv);
+            goto out;
+        }
+        total_s[i] = ms_since(t0) * 1e-3;
+        save_s[i] = total_s[i] - stall[i] * 1e-3;
+        rg_ckpt_save_release(sv);
+    }
+    drop_cache(dir, step);
+    {
+        uint64_t t0 = rg_now_ns();
+        if (rg_ckpt_load(dir, step, reqs, N_TENSORS, NULL) != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            goto out;
+        }
+        load_ms = ms_since(t0);
+    }
+    for (int t = 0; t < N_TENSORS; t++) {
+        if (memcmp(dst[t], state[t], reqs[t].dst_bytes) != 0) {
+            fprintf(stderr, "rg-bench-ckpt: loaded %s differs\n", tensor_names[t]);
+            goto out;
+        }
+    }
+    {
+        double st_ms = median(stall, iters);
+        double memcpy_ms = median(copy_ms, iters);
+        double st_vs = median(stall_vs, iters);
+        double ratio = (double)total / (double)comp;
+        double disk_gbps = (double)total / sync_ms * 1e-6;
+        for (int i = 0; i < iters; i++) {
+            double lim = RG_MIN(zstd_gbps[i], disk_gbps * ratio);
+            vs_limit[i] = (double)total / save_s[i] * 1e-9 / lim;
+        }
+        double save_gbps = (double)total / median(save_s, iters) * 1e-9;
+        double total_ms = median(total_s, iters) * 1e3;
+        double zstd = median(zstd_gbps, iters);
+        double limit = RG_MIN(zstd, disk_gbps * ratio);
+        double vs = median(vs_limit, iters);
+        printf("{\"bench\":\"ckpt\",\"dtype\":\"%s\",\"bytes\":%zu,\"threads\":%d,"
+               "\"chunk_bytes\":%u,\"level\":1,\"iters\":%d,"
+               "\"memcpy_ms\":%.1f,\"stall_ms\":%.1f,\"stall_vs_memcpy\":%.2f,"
+               "\"save_GBps\":%.3f,\"save_total_ms\":%.1f,\"zstd_GBps\":%.3f,\"disk_GBps\":%.3f,\"limit_GBps\":%.3f,"
+               "\"save_vs_limit\":%.2f,\"ratio\":%.3f,\"ratio_noshuffle\":%.3f,"
+               "\"zstd_noshuffle_GBps\":%.3f,"
+               "\"load_GBps\":%.3f,\"sync_write_ms\":%.1f}\n",
+               dtype == RG_DTYPE_F32 ? "f32" : "bf16", total, threads, 4u << 20, iters,
+               memcpy_ms, st_ms, st_vs, save_gbps, total_ms, zstd, disk_gbps, limit,
+               vs, ratio, (double)total / (double)comp_noshuf, (double)total / noshuf_s * 1e-9,
+               (double)total / load_ms * 1e-6, sync_ms);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    rg_ckpt_destroy(ck);
+    remove_steps(dir);
+    for (int t = 0; t < N_TENSORS; t++) {
+        free(state[t]);
+        free(dst[t]);
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int64_t mib = 512;
+    int64_t iters = 3;
+    int64_t threads = 2;
+    const char *dtypes = "f32,bf16";
+    size_t bytes;
+    int rc = 0;
+
+    for (int i = 1; i < argc; i++) {
+        bool more = i + 1 < argc;
+        if (strcmp(argv[i], "--dir") == 0 && more) {
+            dir = argv[++i];
+        } else if (strcmp(argv[i], "--mib") == 0 && more && rg_parse_i64(argv[++i], &mib) &&
+                   mib > 0 && mib <= 65536) {
+        } else if (strcmp(argv[i], "--iters") == 0 && more && rg_parse_i64(argv[++i], &iters) &&
+                   iters > 0 && iters <= MAX_ITERS) {
+        } else if (strcmp(argv[i], "--threads") == 0 && more &&
+                   rg_parse_i64(argv[++i], &threads) && threads > 0 && threads <= 64) {
+        } else if (strcmp(argv[i], "--dtypes") == 0 && more) {
+            dtypes = argv[++i];
+        } else {
+            fprintf(stderr, "usage: rg-bench-ckpt --dir DIR [--mib 512] [--iters 3] "
+                            "[--threads 2] [--dtypes f32,bf16]\n");
+            return 2;
+        }
+    }
+    if (dir == NULL) {
+        fprintf(stderr, "rg-bench-ckpt: --dir is required (a directory on the disk to test)\n");
+        return 2;
+    }
+    bytes = (size_t)mib << 20;
+    if (mkdir(dir, 0755) != 0 && access(dir, W_OK) != 0) {
+        perror(dir);
+        return 1;
+    }
+    if (strstr(dtypes, "f32") != NULL) {
+        rc |= run(dir, bytes, RG_DTYPE_F32, (int)iters, (int)threads);
+    }
+    if (strstr(dtypes, "bf16") != NULL) {
+        rc |= run(dir, bytes, RG_DTYPE_BF16, (int)iters, (int)threads);
+    }
+    return rc;
+}

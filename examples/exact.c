@@ -1,0 +1,411 @@
+/*
+ * rg-exact: the exactness workload. Its state is a vector of 64-bit integers; every step adds,
+ * through an i64 allreduce, integer contributions derived from the ids of the global batch's
+ * samples and their epoch. The final vector is therefore the same for every world size and
+ * every history of failures, and differs if any sample of any epoch is lost or counted twice.
+ * It checkpoints the state (sharded by rows across ranks) and the data cursor every few steps
+ * through rg_report, and resumes from the last committed checkpoint after a restart or resize.
+ *
+ *   rg-exact [--samples N] [--batch B] [--epochs E] [--dim K] [--seed S] [--ckpt-every C]
+ *            [--work W] [--trace DIR] [--kill-at STEP --kill-rank R] [--pad-kb KB]
+ *            [--stop-file PATH]
+ *   rg-exact --expect [same data options]     prints the expected digest and exits
+ *   rg-exact --trainer N --ckpt-root DIR [...] runs itself on N local workers through
+ *                                              rg_trainer_fit (no launcher needed)
+ *
+ * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
+ * "exact=1 digest=<hex> steps=<n>" when the result equals the vector computed directly, or
+ * "exact=0 ..." and exit status 3 when it does not. --trace writes, per rank and round, one
+ * line "round step epoch id" per sample consumed, for the exactly-once data check.
+ * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt.
+ * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
+ * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
+ * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
+ * is then that of the epochs completed.
+ */
+#include "rg_common.h"
+
+#include <regroup/train.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXACT_MAX_DIM 4096
+
+typedef struct {
+    int64_t     samples;
+    int64_t     batch;
+    int64_t     epochs;
+    int64_t     dim;
+    int64_t     seed;
+    int64_t     ckpt_every;
+    int64_t     work;
+    int64_t     kill_at;
+    int64_t     kill_rank;
+    int64_t     pad_kb;
+    int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
+    const char *trainer_ckpt; /* the trainer's checkpoint root */
+    const char *trace;
+    const char *stop_file;
+    bool        expect;
+} options_t;
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The contribution of sample `id` in `epoch` to element k: small, so sums never overflow. */
+static int64_t contribution(const options_t *o, uint64_t epoch, uint64_t id, uint64_t k)
+{
+    uint64_t h = mix((uint64_t)o->seed ^ mix(epoch * 0x100000001b3ull ^ mix(id * 4099 + k)));
+    return (int64_t)(h % 1000003u) - 500001;
+}
+
+/* Optional extra compute per sample (--work), so that steps take a realistic time. */
+static volatile uint64_t work_sink;
+static void busy_work(int64_t n, uint64_t id)
+{
+    uint64_t h = id;
+    for (int64_t w = 0; w < n; w++) {
+        h = mix(h);
+    }
+    work_sink ^= h;
+}
+
+static uint64_t digest(const int64_t *v, int64_t n)
+{
+    uint64_t d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = mix(d ^ (uint64_t)v[i]);
+    }
+    return d;
+}
+
+static int usage(const char *why)
+{
+    fprintf(stderr, "rg-exact: %s\nusage: rg-exact [--samples N] [--batch B] [--epochs E] "
+            "[--dim K] [--seed S] [--ckpt-every C] [--work W] [--trace DIR] "
+            "[--kill-at STEP --kill-rank R] [--expect]\n", why);
+    return 2;
+}
+
+static int parse(int argc, char **argv, options_t *o)
+{
+    *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
+                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--expect") == 0) {
+            o->expect = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            return usage("missing value or unknown option");
+        }
+        const char *v = argv[++i];
+        int64_t *dst = NULL;
+        int64_t lo = 0;
+        int64_t hi = 1LL << 40;
+        if (strcmp(a, "--samples") == 0) {
+            dst = &o->samples, lo = 1, hi = 1 << 24;
+        } else if (strcmp(a, "--batch") == 0) {
+            dst = &o->batch, lo = 1, hi = 1 << 20;
+        } else if (strcmp(a, "--epochs") == 0) {
+            dst = &o->epochs, lo = 1, hi = 1000000000;
+        } else if (strcmp(a, "--dim") == 0) {
+            dst = &o->dim, lo = 1, hi = EXACT_MAX_DIM;
+        } else if (strcmp(a, "--seed") == 0) {
+            dst = &o->seed;
+        } else if (strcmp(a, "--ckpt-every") == 0) {
+            dst = &o->ckpt_every, lo = 1, hi = 1 << 20;
+        } else if (strcmp(a, "--work") == 0) {
+            dst = &o->work, lo = 0, hi = 1 << 20;
+        } else if (strcmp(a, "--kill-at") == 0) {
+            dst = &o->kill_at;
+        } else if (strcmp(a, "--kill-rank") == 0) {
+            dst = &o->kill_rank, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--pad-kb") == 0) {
+            dst = &o->pad_kb, lo = 0, hi = 1 << 20;
+        } else if (strcmp(a, "--trace") == 0) {
+            o->trace = v;
+            continue;
+        } else if (strcmp(a, "--stop-file") == 0) {
+            o->stop_file = v;
+            continue;
+        } else if (strcmp(a, "--trainer") == 0) {
+            dst = &o->trainer, lo = 1, hi = 256;
+        } else if (strcmp(a, "--ckpt-root") == 0) {
+            o->trainer_ckpt = v;
+            continue;
+        } else {
+            return usage(a);
+        }
+        if (!rg_parse_i64(v, dst) || *dst < lo || *dst > hi) {
+            return usage(a);
+        }
+    }
+    return 0;
+}
+
+/* What the state must be after `epochs` epochs: every sample of every epoch, once. */
+static void expected(const options_t *o, int64_t epochs, int64_t *want)
+{
+    memset(want, 0, sizeof(int64_t) * (size_t)o->dim);
+    for (int64_t e = 0; e < epochs; e++) {
+        for (int64_t id = 0; id < o->samples; id++) {
+            for (int64_t k = 0; k < o->dim; k++) {
+                want[k] += contribution(o, (uint64_t)e, (uint64_t)id, (uint64_t)k);
+            }
+        }
+    }
+}
+
+static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
+{
+    int rank = rg_train_rank(ctx);
+    int world = rg_train_world_size(ctx);
+    rg_comm_t *comm = rg_train_comm(ctx);
+    rg_sampler_t *sampler = NULL;
+    int64_t state[EXACT_MAX_DIM] = {0};
+    int64_t local[EXACT_MAX_DIM];
+    uint32_t *ids = malloc(sizeof(uint32_t) * (size_t)o->batch);
+    FILE *trace = NULL;
+    int64_t ckpt_step = -1;
+    int64_t epochs = o->epochs;
+    uint8_t *pad = NULL;
+    uint32_t pad0 = 0;
+    uint32_t pad_rows = 0;
+    rg_status_t st;
+
+    rg_sampler_params_t sp = {.num_samples = (uint64_t)o->samples,
+                              .batch_size = (uint32_t)o->batch, .drop_last = false};
+    if (ids == NULL) {
+        return rg_error(RG_ENOMEM, "ids");
+    }
+    st = rg_sampler_create(&sp, &sampler);
+    if (st != RG_OK) {
+        free(ids);
+        return st;
+    }
+    uint64_t per_epoch = rg_sampler_steps_per_epoch(sampler);
+    rg_data_cursor_t cur = rg_data_cursor_start((uint64_t)o->seed);
+
+    /* This rank's rows of the state, for checkpoints and resharding. */
+    uint32_t row0;
+    uint32_t rows;
+    rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, &row0, &rows);
+    if (o->pad_kb > 0) {
+        rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, &pad0,
+                         &pad_rows);
+        pad = malloc(pad_rows + 1);
+        if (pad == NULL) {
+            st = rg_error(RG_ENOMEM, "pad");
+            goto out;
+        }
+        for (uint32_t i = 0; i < pad_rows; i++) {
+            pad[i] = (uint8_t)mix(pad0 + i);
+        }
+    }
+    if (rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
+        rg_ckpt_request_t rq[2] = {
+            {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0, .row_count = rows,
+             .dst = state + row0, .dst_bytes = rows * sizeof(int64_t)},
+            {.name = "pad", .dtype = RG_DTYPE_U8, .row_begin = pad0, .row_count = pad_rows,
+             .dst = pad, .dst_bytes = pad_rows},
+        };
+        size_t nrq = 0;
+        rg_ckpt_request_t use[2];
+        if (rows > 0) {
+            use[nrq++] = rq[0];
+        }
+        if (pad_rows > 0) {
+            use[nrq++] = rq[1];
+        }
+        st = rg_train_restore(ctx, ckpt_step, nrq ? use : NULL, nrq, &cur, &ckpt_step);
+        if (st != RG_OK) {
+            goto out;
+        }
+        for (uint32_t i = 0; i < pad_rows; i++) {
+            if (pad[i] != (uint8_t)mix(pad0 + i)) {
+                st = rg_error(RG_ECORRUPT, "restored padding differs at byte %u", pad0 + i);
+                goto out;
+            }
+        }
+        /* Reassemble the whole vector from every rank's rows. */
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, state, (size_t)o->dim, RG_DTYPE_I64,
+                               RG_OP_SUM, NULL);
+        if (st != RG_OK) {
+            goto out;
+        }
+        if (rank == 0) {
+            printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
+        }
+    }
+    if (o->trace != NULL) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/rank%d-round%d.txt", o->trace, rank,
+                 rg_train_round(ctx));
+        trace = fopen(path, "a");
+        if (trace == NULL) {
+            st = rg_error(RG_EIO, "cannot open %s", path);
+            goto out;
+        }
+    }
+    while ((int64_t)cur.epoch < epochs) {
+        int64_t gstep = (int64_t)(cur.epoch * per_epoch + cur.step);
+        size_t n = 0;
+        if (o->stop_file != NULL && cur.step == 0 && cur.epoch > 0) {
+            /* At an epoch boundary: rank 0 decides whether the job ends here. */
+            int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
+            st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (st != RG_OK) {
+                goto out;
+            }
+            if (stop) {
+                epochs = (int64_t)cur.epoch;
+                break;
+            }
+        }
+        if (o->kill_at == gstep && o->kill_rank == rank && rg_train_restart_count(ctx) == 0) {
+            fprintf(stderr, "rank %d: killing myself at step %lld as asked\n", rank,
+                    (long long)gstep);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        st = rg_sampler_ids(sampler, &cur, (uint32_t)rank, (uint32_t)world, ids,
+                            (size_t)o->batch, &n);
+        if (st != RG_OK) {
+            goto out;
+        }
+        memset(local, 0, sizeof(int64_t) * (size_t)o->dim);
+        for (size_t i = 0; i < n; i++) {
+            busy_work(o->work, ids[i]);
+            for (int64_t k = 0; k < o->dim; k++) {
+                local[k] += contribution(o, cur.epoch, ids[i], (uint64_t)k);
+            }
+            if (trace != NULL) {
+                fprintf(trace, "%d %lld %llu %u\n", rg_train_round(ctx), (long long)gstep,
+                        (unsigned long long)cur.epoch, ids[i]);
+            }
+        }
+        if (trace != NULL) {
+            fflush(trace);
+        }
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim, RG_DTYPE_I64,
+                               RG_OP_SUM, NULL);
+        if (st != RG_OK) {
+            goto out;
+        }
+        for (int64_t k = 0; k < o->dim; k++) {
+            state[k] += local[k];
+        }
+        rg_sampler_advance(sampler, &cur);
+        int64_t done = (int64_t)(cur.epoch * per_epoch + cur.step);
+        rg_metric_t m[1] = {{"state_digest_low", (double)(digest(state, o->dim) & 0xffff)}};
+        rg_report_t rep = {.step = done, .epoch = (int64_t)cur.epoch, .metrics = m,
+                           .n_metrics = 1};
+        rg_ckpt_tensor_t t[2];
+        size_t nt = 0;
+        if (rows > 0) {
+            t[nt++] = (rg_ckpt_tensor_t){.name = "state", .dtype = RG_DTYPE_I64, .ndim = 1,
+                                         .shape = {(uint64_t)o->dim}, .row_begin = row0,
+                                         .row_count = rows, .data = state + row0};
+        }
+        if (pad_rows > 0) {
+            t[nt++] = (rg_ckpt_tensor_t){.name = "pad", .dtype = RG_DTYPE_U8, .ndim = 1,
+                                         .shape = {(uint64_t)o->pad_kb * 1024},
+                                         .row_begin = pad0, .row_count = pad_rows,
+                                         .data = pad, .flags = RG_CKPT_NOSHUFFLE};
+        }
+        rg_train_state_t s = {.tensors = t, .n_tensors = nt, .cursor = cur};
+        bool save = done % o->ckpt_every == 0 && (int64_t)cur.epoch < epochs;
+        st = rg_report(ctx, &rep, save ? &s : NULL);
+        if (st != RG_OK) {
+            goto out;
+        }
+    }
+    if (rank == 0) {
+        int64_t *want = malloc(sizeof(int64_t) * (size_t)o->dim);
+        if (want == NULL) {
+            st = rg_error(RG_ENOMEM, "want");
+            goto out;
+        }
+        expected(o, epochs, want);
+        bool ok = memcmp(want, state, sizeof(int64_t) * (size_t)o->dim) == 0;
+        printf("exact=%d digest=%016llx expected=%016llx steps=%llu epochs=%lld world=%d\n",
+               ok ? 1 : 0, (unsigned long long)digest(state, o->dim),
+               (unsigned long long)digest(want, o->dim),
+               (unsigned long long)(per_epoch * (uint64_t)epochs), (long long)epochs, world);
+        fflush(stdout);
+        free(want);
+        if (!ok) {
+            st = rg_error(RG_ECORRUPT, "the final state differs from the expected one");
+        }
+    }
+out:
+    free(pad);
+    if (trace != NULL) {
+        fclose(trace);
+    }
+    rg_sampler_destroy(sampler);
+    free(ids);
+    return st;
+}
+
+/* The training function of the trainer form: the same run, the context made for us. */
+static rg_status_t train_fn(rg_train_ctx_t *ctx, void *arg)
+{
+    return run(ctx, arg);
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    rg_train_ctx_t *ctx;
+    int rc = parse(argc, argv, &o);
+    if (rc != 0) {
+        return rc;
+    }
+    if (o.trainer > 0) {
+        if (o.trainer_ckpt == NULL) {
+            return usage("--trainer needs --ckpt-root");
+        }
+        rg_scaling_config_t sc = {.num_workers = (int)o.trainer, .max_failures = 3,
+                                  .ckpt_root = o.trainer_ckpt, .argc = argc, .argv = argv};
+        rg_status_t st = rg_trainer_fit(train_fn, &o, &sc);
+        if (st != RG_OK) {
+            fprintf(stderr, "rg-exact: %s\n", rg_last_error());
+            return 1;
+        }
+        printf("trainer: the job finished\n");
+        return 0;
+    }
+    if (o.expect) {
+        int64_t *want = malloc(sizeof(int64_t) * (size_t)o.dim);
+        if (want == NULL) {
+            return 1;
+        }
+        expected(&o, o.epochs, want);
+        printf("expected digest=%016llx\n", (unsigned long long)digest(want, o.dim));
+        free(want);
+        return 0;
+    }
+    if (rg_train_init(NULL, &ctx) != RG_OK) {
+        fprintf(stderr, "rg-exact: %s\n", rg_last_error());
+        return 1;
+    }
+    rg_status_t st = run(ctx, &o);
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-exact rank %d: %s: %s\n", rg_train_rank(ctx), rg_status_name(st),
+                rg_last_error());
+    }
+    rg_train_finalize(ctx);
+    return st == RG_OK ? 0 : (st == RG_ECORRUPT ? 3 : 1);
+}

@@ -1,0 +1,299 @@
+/*
+ * rg-fmnist: data-parallel training of the Fashion-MNIST MLP under the regroup launcher.
+ *
+ *   regroup --standalone --nproc-per-node=4 rg-fmnist --epochs 3
+ *
+ * Each rank reads its share of every global batch through the prefetching loader, computes
+ * its gradient, and the ranks sum the gradients (each already divided by the global batch)
+ * with regroup's allreduce, so every rank applies the same Adam update. Every --ckpt-every
+ * steps the parameters, the Adam moments and the data cursor are checkpointed in the
+ * background (sharded across ranks); after a restart or a resize the job resumes from the
+ * last committed checkpoint, resharding to the new world size. Rank 0 prints
+ * "step=... epoch=... loss=... samples_per_s=..." lines, one "eval ..." line per epoch, a
+ * timing summary and finally "test_accuracy=<fraction>". --kill-at STEP makes rank
+ * --kill-rank (default 1) SIGKILL itself at that step in the job's first attempt, to show the
+ * job regrouping and resuming.
+ */
+#include "fmnist_adam.h"
+#include "fmnist_mlp.h"
+#include "fmnist_opts.h"
+
+#include "rg_common.h"
+
+#include <regroup/train.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_STATE 4   /* params, adam m, adam v, adam step */
+
+typedef struct {
+    rg_train_ctx_t *ctx;
+    fmnist_mlp_t   *model;
+    fmnist_adam_t  *adam;
+    size_t          n;           /* parameters */
+    uint32_t        row0;        /* this rank's rows of each flat tensor, for checkpoints */
+    uint32_t        rows;
+    int64_t         adam_steps;
+} trainer_t;
+
+/* The training state as checkpoint tensors: each flat buffer is 1-D, this rank saves its
+ * rows; the Adam step count is saved by rank 0 alone. */
+static void state_tensors(trainer_t *t, rg_ckpt_tensor_t out[N_STATE], size_t *n_out)
+{
+    float *m = fmnist_adam_state(t->adam);
+    const float *bufs[3] = {fmnist_mlp_params(t->model), m, m + t->n};
+    static const char *const names[3] = {"params", "adam_m", "adam_v"};
+    size_t k = 0;
+    for (int i = 0; i < 3; i++) {
+        if (t->rows > 0) {
+            out[k++] = (rg_ckpt_tensor_t){.name = names[i], .dtype = RG_DTYPE_F32, .ndim = 1,
+                                          .shape = {t->n}, .row_begin = t->row0,
+                                          .row_count = t->rows, .data = bufs[i] + t->row0};
+        }
+    }
+    t->adam_steps = (int64_t)fmnist_adam_steps(t->adam);
+    if (rg_train_rank(t->ctx) == 0) {
+        out[k++] = (rg_ckpt_tensor_t){.name = "adam_steps", .dtype = RG_DTYPE_I64, .ndim = 1,
+                                      .shape = {1}, .row_begin = 0, .row_count = 1,
+                                      .data = &t->adam_steps, .flags = RG_CKPT_REPLICATED};
+    }
+    *n_out = k;
+}
+
+/* Restores the newest checkpoint, if any: every rank reads all rows (the model is replicated). */
+static rg_status_t resume(trainer_t *t, rg_data_cursor_t *cur, bool *resumed)
+{
+    int64_t step;
+    int64_t adam_steps = 0;
+    float *m = fmnist_adam_state(t->adam);
+    rg_status_t st = rg_get_checkpoint(t->ctx, &step);
+
+    *resumed = false;
+    if (st == RG_ENOENT) {
+        return RG_OK;
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    size_t bytes = t->n * sizeof(float);
+    rg_ckpt_request_t reqs[4] = {
+        {.name = "params", .dtype = RG_DTYPE_F32, .row_begin = 0, .row_count = t->n,
+         .dst = fmnist_mlp_params(t->model), .dst_bytes = bytes},
+        {.name = "adam_m", .dtype = RG_DTYPE_F32, .row_begin = 0, .row_count = t->n, .dst = m,
+         .dst_bytes = bytes},
+        {.name = "adam_v", .dtype = RG_DTYPE_F32, .row_begin = 0, .row_count = t->n,
+         .dst = m + t->n, .dst_bytes = bytes},
+        {.name = "adam_steps", .dtype = RG_DTYPE_I64, .row_begin = 0, .row_count = 1,
+         .dst = &adam_steps, .dst_bytes = sizeof(adam_steps)},
+    };
+    st = rg_train_restore(t->ctx, step, reqs, 4, cur, &step);
+    if (st != RG_OK) {
+        return st;
+    }
+    fmnist_adam_set_steps(t->adam, (uint64_t)adam_steps);
+    *resumed = true;
+    if (rg_train_rank(t->ctx) == 0) {
+        printf("resumed from checkpoint step %lld (epoch %llu) at world size %d, restart %d\n",
+               (long long)step, (unsigned long long)cur->epoch, rg_train_world_size(t->ctx),
+               rg_train_restart_count(t->ctx));
+        fflush(stdout);
+    }
+    return RG_OK;
+}
+
+static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_dataset_t *train_ds,
+                         const rg_dataset_t *test_ds)
+{
+    rg_train_ctx_t *ctx = t->ctx;
+    rg_comm_t *comm = rg_train_comm(ctx);
+    int rank = rg_train_rank(ctx);
+    int world = rg_train_world_size(ctx);
+    rg_loader_t *loader = NULL;
+    bool resumed;
+    rg_status_t st;
+
+    rg_data_cursor_t cur = rg_data_cursor_start((uint64_t)o->seed);
+    st = resume(t, &cur, &resumed);
+    if (st != RG_OK) {
+        return st;
+    }
+    rg_sampler_params_t sp = {.num_samples = rg_dataset_size(train_ds),
+                              .batch_size = (uint32_t)o->batch, .drop_last = false};
+    uint64_t per_epoch = (rg_dataset_size(train_ds) + (uint64_t)o->batch - 1) / (uint64_t)o->batch;
+    uint64_t total_steps = (uint64_t)o->epochs * per_epoch;
+    st = rg_loader_create(train_ds, &sp, (uint32_t)rank, (uint32_t)world, &cur, &loader);
+    if (st != RG_OK) {
+        return st;
+    }
+    double win_loss[2] = {0, 0};   /* loss sum, samples: this rank's, summed at log time */
+    uint64_t win_ns = 0;
+    uint64_t win_samples = 0;
+    uint64_t step_ns = 0;
+    uint64_t allreduce_ns = 0;
+    uint64_t stall_ns = 0;
+    uint64_t steps_here = 0;
+    uint64_t samples_here = 0;
+    for (;;) {
+        const rg_batch_t *b;
+        uint64_t t0 = rg_now_ns();
+        st = rg_loader_next(loader, rg_deadline_in_ms(60000), &b);
+        if (st != RG_OK || b->cursor.epoch >= (uint64_t)o->epochs) {
+            break;
+        }
+        uint64_t gstep = b->cursor.epoch * per_epoch + b->cursor.step;
+        if ((int64_t)gstep == o->kill_at && rank == o->kill_rank &&
+            rg_train_restart_count(ctx) == 0) {
+            fprintf(stderr, "rank %d: killing myself at step %llu (--kill-at)\n", rank,
+                    (unsigned long long)gstep);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        double loss_sum = 0;
+        st = fmnist_mlp_grad(t->model, b->inputs, b->labels, b->count, b->global_count,
+                             &loss_sum);
+        if (st != RG_OK) {
+            break;
+        }
+        uint64_t t1 = rg_now_ns();
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, fmnist_mlp_grads(t->model), t->n,
+                               RG_DTYPE_F32, RG_OP_SUM, NULL);
+        if (st != RG_OK) {
+            break;
+        }
+        uint64_t t2 = rg_now_ns();
+        allreduce_ns += t2 - t1;
+        if (o->cosine) {
+            fmnist_adam_set_lr(t->adam, fmnist_lr_cosine((float)o->lr, gstep, total_steps));
+        }
+        fmnist_adam_step(t->adam, fmnist_mlp_params(t->model), fmnist_mlp_grads(t->model));
+        win_loss[0] += loss_sum;
+        win_loss[1] += (double)b->count;
+        win_samples += b->global_count;
+        samples_here += b->global_count;
+        steps_here++;
+
+        uint64_t done = gstep + 1;
+        rg_ckpt_tensor_t tensors[N_STATE];
+        size_t n_tensors = 0;
+        bool save = done % (uint64_t)o->ckpt_every == 0 && done < total_steps;
+        if (save) {
+            state_tensors(t, tensors, &n_tensors);
+        }
+        rg_train_state_t state = {.tensors = tensors, .n_tensors = n_tensors, .cursor = b->next};
+        rg_metric_t metrics[2] = {{"loss", win_loss[1] > 0 ? win_loss[0] / win_loss[1] : 0},
+                                  {"samples_per_s", 0}};
+        uint64_t t3 = rg_now_ns();
+        rg_report_t rep = {.step = (int64_t)done, .epoch = (int64_t)b->cursor.epoch,
+                           .metrics = metrics, .n_metrics = 1};
+        st = rg_report(ctx, &rep, save ? &state : NULL);
+        if (st != RG_OK) {
+            break;
+        }
+        uint64_t t4 = rg_now_ns();
+        if (save) {
+            stall_ns += t4 - t3;
+        }
+        step_ns += t4 - t0;
+        win_ns += t4 - t0;
+        if (done % (uint64_t)o->log_every == 0) {
+            /* The loss over every rank's samples of the window. */
+            st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, win_loss, 2, RG_DTYPE_F64, RG_OP_SUM,
+                                   NULL);
+            if (st != RG_OK) {
+                break;
+            }
+            if (rank == 0) {
+                printf("step=%llu epoch=%llu loss=%.4f samples_per_s=%.0f world=%d\n",
+                       (unsigned long long)done, (unsigned long long)b->cursor.epoch,
+                       win_loss[0] / win_loss[1], (double)win_samples / ((double)win_ns * 1e-9),
+                       world);
+                fflush(stdout);
+            }
+            win_loss[0] = win_loss[1] = 0;
+            win_samples = 0;
+            win_ns = 0;
+        }
+        if (b->next.epoch != b->cursor.epoch && rank == 0) {
+            double acc;
+            double tl;
+            st = fmnist_mlp_evaluate_dataset(t->model, test_ds, &acc, &tl);
+            if (st != RG_OK) {
+                break;
+            }
+            printf("eval epoch=%llu test_loss=%.4f test_accuracy=%.4f\n",
+                   (unsigned long long)b->cursor.epoch, tl, acc);
+            fflush(stdout);
+        }
+    }
+    rg_loader_destroy(loader);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (rank == 0) {
+        double acc;
+        double tl;
+        st = fmnist_mlp_evaluate_dataset(t->model, test_ds, &acc, &tl);
+        if (st != RG_OK) {
+            return st;
+        }
+        printf("world=%d steps=%llu samples_per_s=%.0f allreduce_share=%.3f "
+               "ckpt_stall_share=%.3f\n", world, (unsigned long long)steps_here,
+               (double)samples_here / ((double)step_ns * 1e-9 + 1e-12),
+               (double)allreduce_ns / ((double)step_ns + 1), (double)stall_ns / ((double)step_ns + 1));
+        printf("test_accuracy=%.4f\n", acc);
+        fflush(stdout);
+    }
+    return RG_OK;
+}
+
+int main(int argc, char **argv)
+{
+    fmnist_options_t o;
+    trainer_t t = {0};
+    rg_dataset_t *train_ds = NULL;
+    rg_dataset_t *test_ds = NULL;
+    rg_status_t st;
+    int rc = fmnist_parse_options(argc, argv, true, &o);
+
+    if (rc != 0) {
+        return rc;
+    }
+    st = rg_train_init(NULL, &t.ctx);
+    if (st == RG_OK) {
+        st = fmnist_open_split(o.data_dir, "train", &train_ds);
+    }
+    if (st == RG_OK) {
+        st = fmnist_open_split(o.data_dir, "t10k", &test_ds);
+    }
+    if (st != RG_OK) {
+        goto out;
+    }
+    fmnist_mlp_config_t mcfg = fmnist_mlp_default_config((uint32_t)o.batch);
+    st = fmnist_mlp_create(&mcfg, &t.model);
+    if (st != RG_OK) {
+        goto out;
+    }
+    fmnist_mlp_init(t.model, (uint64_t)o.seed);   /* the same seed: every rank starts equal */
+    t.n = fmnist_mlp_num_params(t.model);
+    fmnist_adam_config_t acfg = fmnist_adam_default_config((float)o.lr);
+    st = fmnist_adam_create(t.n, &acfg, &t.adam);
+    if (st != RG_OK) {
+        goto out;
+    }
+    rg_sampler_share((uint32_t)t.n, (uint32_t)rg_train_rank(t.ctx),
+                     (uint32_t)rg_train_world_size(t.ctx), &t.row0, &t.rows);
+    st = train(&t, &o, train_ds, test_ds);
+out:
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-fmnist: %s: %s\n", rg_status_name(st), rg_last_error());
+    }
+    fmnist_adam_destroy(t.adam);
+    fmnist_mlp_destroy(t.model);
+    rg_dataset_destroy(test_ds);
+    rg_dataset_destroy(train_ds);
+    rg_train_finalize(t.ctx);
+    return st == RG_OK ? 0 : 1;
+}

@@ -1,0 +1,72 @@
+/* `regroup status --rdzv-endpoint=... --rdzv-id=JOB [--rdzv-conf=...]` */
+#include "launcher.h"
+
+#include <string.h>
+
+int launcher_status_main(int argc, char **argv)
+{
+    const char *endpoint = NULL;
+    const char *job = NULL;
+    char user[128] = "";
+    char password[128] = "";
+    char cacert[512] = "";
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = strchr(a, '=');
+        char name[64];
+        size_t n = v ? (size_t)(v - a) : strlen(a);
+        if (n >= sizeof(name)) {
+            fprintf(stderr, "regroup status: %s: unknown option\n", a);
+            return 2;
+        }
+        for (size_t k = 0; k < n; k++) {
+            name[k] = a[k] == '_' ? '-' : a[k];
+        }
+        name[n] = '\0';
+        if (v == NULL && i + 1 < argc && strncmp(name, "--", 2) == 0 &&
+            strcmp(name, "--help") != 0) {
+            v = argv[++i] - 1;   /* "--opt value": point one before so v + 1 is the value */
+        }
+        if (strcmp(name, "--rdzv-endpoint") == 0 && v) {
+            endpoint = v + 1;
+        } else if (strcmp(name, "--rdzv-id") == 0 && v) {
+            job = v + 1;
+        } else if (strcmp(name, "--rdzv-conf") == 0 && v) {
+            char buf[1024];
+            snprintf(buf, sizeof(buf), "%s", v + 1);
+            for (char *s = NULL, *kv = strtok_r(buf, ",", &s); kv; kv = strtok_r(NULL, ",", &s)) {
+                if (strncmp(kv, "user=", 5) == 0) {
+                    snprintf(user, sizeof(user), "%s", kv + 5);
+                } else if (strncmp(kv, "password=", 9) == 0) {
+                    snprintf(password, sizeof(password), "%s", kv + 9);
+                } else if (strncmp(kv, "cacert=", 7) == 0) {
+                    snprintf(cacert, sizeof(cacert), "%s", kv + 7);
+                }
+            }
+        } else if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
+            printf("usage: regroup status --rdzv-endpoint=HOST:PORT[,...] --rdzv-id=JOB "
+                   "[--rdzv-conf=user=U,password=P,cacert=F]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "regroup status: %s: unknown option or missing value\n", a);
+            return 2;
+        }
+    }
+    if (endpoint == NULL || job == NULL) {
+        fprintf(stderr, "regroup status: --rdzv-endpoint and --rdzv-id are required\n");
+        return 2;
+    }
+    rg_etcd_params_t p = {.endpoints = endpoint,
+                          .user = user[0] ? user : NULL,
+                          .password = password[0] ? password : NULL,
+                          .ca_file = cacert[0] ? cacert : NULL};
+    rg_status_t st = rg_rdzv_status_print(&p, job, stdout);
+    if (st != RG_OK) {
+        if (st != RG_ENOENT) {
+            fprintf(stderr, "regroup status: %s\n", rg_last_error());
+        }
+        return 1;
+    }
+    return 0;
+}

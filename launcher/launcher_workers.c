@@ -1,0 +1,457 @@
+/*
+ * Worker processes: started with torchrun's environment, each in its own process group with
+ * PR_SET_PDEATHSIG(SIGKILL) so that it dies with its agent; stdout and stderr come back
+ * through pipes, so the agent can log them, tee them and keep the last lines of stderr.
+ */
+#include "launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ERROR_FILE_MAX (64 * 1024)
+
+/* The environment of one worker, built before fork: the agent has threads, so the child may
+ * not allocate between fork and exec. */
+typedef struct {
+    char  *vars[64];
+    int    n;
+    char **envp;
+} worker_env_t;
+
+static void env_add(worker_env_t *e, const char *name, const char *fmt, ...) RG_PRINTF(3, 4);
+static void env_add(worker_env_t *e, const char *name, const char *fmt, ...)
+{
+    char value[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof(value), fmt, ap);
+    va_end(ap);
+    if (e->n < (int)RG_ARRAY_SIZE(e->vars) &&
+        asprintf(&e->vars[e->n], "%s=%s", name, value) > 0) {
+        e->n++;
+    }
+}
+
+static void env_free(worker_env_t *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        free(e->vars[i]);
+    }
+    free(e->envp);
+    e->n = 0;
+    e->envp = NULL;
+}
+
+static bool env_overridden(const worker_env_t *e, const char *entry)
+{
+    const char *eq = strchr(entry, '=');
+    size_t len = eq ? (size_t)(eq - entry) + 1 : strlen(entry);
+    for (int i = 0; i < e->n; i++) {
+        if (strncmp(e->vars[i], entry, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+extern char **environ;
+
+static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
+                             const launcher_worker_t *w)
+{
+    const launcher_config_t *cfg = sp->cfg;
+    const rg_rdzv_assignment_t *a = sp->asg;
+    size_t n_environ = 0;
+    size_t k = 0;
+
+    memset(e, 0, sizeof(*e));
+    env_add(e, "RANK", "%d", w->rank);
+    env_add(e, "LOCAL_RANK", "%d", w->local_rank);
+    env_add(e, "WORLD_SIZE", "%d", a->world_size);
+    env_add(e, "LOCAL_WORLD_SIZE", "%d", cfg->nproc);
+    env_add(e, "GROUP_RANK", "%d", a->group_rank);
+    env_add(e, "GROUP_WORLD_SIZE", "%d", a->group_world);
+    env_add(e, "ROLE_RANK", "%d", w->rank);
+    env_add(e, "ROLE_WORLD_SIZE", "%d", a->world_size);
+    env_add(e, "ROLE_NAME", "%s", cfg->role);
+    env_add(e, "MASTER_ADDR", "%s", a->master_addr);
+    env_add(e, "MASTER_PORT", "%d", a->master_port);
+    env_add(e, "TORCHELASTIC_RESTART_COUNT", "%d", a->restart_count);
+    env_add(e, "TORCHELASTIC_MAX_RESTARTS", "%d", cfg->max_restarts);
+    env_add(e, "TORCHELASTIC_RUN_ID", "%s", cfg->job);
+    env_add(e, "TORCHELASTIC_ERROR_FILE", "%s", w->error_file);
+    env_add(e, "TORCHELASTIC_USE_AGENT_STORE", "False");
+    env_add(e, "REGROUP_ETCD_ENDPOINTS", "%s", sp->endpoints);
+    env_add(e, "REGROUP_JOB_ID", "%s", cfg->job);
+    env_add(e, "REGROUP_ROUND", "%d", a->round);
+    env_add(e, "REGROUP_NODE_ADDR", "%s", cfg->local_addr);
+    if (getenv("PYTHONUNBUFFERED") == NULL) {
+        env_add(e, "PYTHONUNBUFFERED", "1");
+    }
+    while (environ[n_environ] != NULL) {
+        n_environ++;
+    }
+    e->envp = calloc(n_environ + (size_t)e->n + 1, sizeof(char *));
+    if (e->envp == NULL) {
+        env_free(e);
+        return rg_error(RG_ENOMEM, "worker environment");
+    }
+    for (size_t i = 0; i < n_environ; i++) {
+        if (!env_overridden(e, environ[i])) {
+            e->envp[k++] = environ[i];
+        }
+    }
+    for (int i = 0; i < e->n; i++) {
+        e->envp[k++] = e->vars[i];
+    }
+    e->envp[k] = NULL;
+    return RG_OK;
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static void child_exec(char **args, char **envp, int out_w, int err_w, pid_t agent,
+                       const sigset_t *child_mask)
+{
+    static const char msg[] = "regroup: cannot run the worker program\n";
+
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != agent) {
+        _exit(127);   /* the agent died before we got here */
+    }
+    sigprocmask(SIG_SETMASK, child_mask, NULL);
+    dup2(out_w, STDOUT_FILENO);
+    dup2(err_w, STDERR_FILENO);
+    execvpe(args[0], args, envp);
+    if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {
+        _exit(127);
+    }
+    _exit(127);
+}
+
+static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, const char *name)
+{
+    char dir[1024];
+    char path[1100];
+    const launcher_config_t *cfg = sp->cfg;
+    snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", cfg->log_dir, cfg->job,
+             sp->asg->round, w->rank);
+    /* mkdir -p, bounded by the path's depth */
+    for (char *p = dir + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+    }
+    mkdir(dir, 0755);
+    snprintf(path, sizeof(path), "%s/%s.log", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        rg_warn("cannot open log %s: %m", path);
+    }
+    return f;
+}
+
+rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                   const sigset_t *child_mask)
+{
+    const launcher_config_t *cfg = sp->cfg;
+    pid_t agent = getpid();
+    char *args[cfg->argc + 4];
+    int k = 0;
+
+    if (cfg->module || (!cfg->no_python && strlen(cfg->argv[0]) > 3 &&
+                        strcmp(cfg->argv[0] + strlen(cfg->argv[0]) - 3, ".py") == 0)) {
+        args[k++] = "python3";
+        args[k++] = "-u";
+        if (cfg->module) {
+            args[k++] = "-m";
+        }
+    }
+    for (int i = 0; i < cfg->argc; i++) {
+        args[k++] = cfg->argv[i];
+    }
+    args[k] = NULL;
+    ws->n = 0;
+    ws->running = 0;
+    for (int i = 0; i < cfg->nproc; i++) {
+        launcher_worker_t *w = &ws->w[i];
+        int out[2];
+        int err[2];
+
+        memset(w, 0, sizeof(*w));
+        w->local_rank = i;
+        w->rank = sp->asg->rank_offset + i;
+        w->out_fd = -1;
+        w->err_fd = -1;
+        snprintf(w->error_file, sizeof(w->error_file), "%s/error_r%d_l%d.json", ws->run_dir,
+                 sp->asg->round, i);
+        unlink(w->error_file);
+        if (pipe2(out, O_CLOEXEC) != 0) {
+            return rg_error(RG_ESYS, "pipe: %s", strerror(errno));
+        }
+        if (pipe2(err, O_CLOEXEC) != 0) {
+            close(out[0]);
+            close(out[1]);
+            return rg_error(RG_ESYS, "pipe: %s", strerror(errno));
+        }
+        if (cfg->log_dir[0] != '\0') {
+            if ((cfg->redirects | cfg->tee) & 1) {
+                w->out_log = open_log(sp, w, "stdout");
+            }
+            if ((cfg->redirects | cfg->tee) & 2) {
+                w->err_log = open_log(sp, w, "stderr");
+            }
+        }
+        worker_env_t env;
+        rg_status_t st = env_build(&env, sp, w);
+        if (st != RG_OK) {
+            close(out[0]);
+            close(out[1]);
+            close(err[0]);
+            close(err[1]);
+            return st;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        w->pid = fork();
+        if (w->pid == 0) {
+            child_exec(args, env.envp, out[1], err[1], agent, child_mask);
+        }
+        env_free(&env);
+        if (w->pid < 0) {
+            close(out[0]);
+            close(out[1]);
+            close(err[0]);
+            close(err[1]);
+            return rg_error(RG_ESYS, "fork: %s", strerror(errno));
+        }
+        /* Also from the parent: no window in which a signal to the group misses it. */
+        setpgid(w->pid, w->pid);
+        close(out[1]);
+        close(err[1]);
+        w->out_fd = out[0];
+        w->err_fd = err[0];
+        fcntl(w->out_fd, F_SETFL, O_NONBLOCK);
+        fcntl(w->err_fd, F_SETFL, O_NONBLOCK);
+        w->running = true;
+        ws->n++;
+        ws->running++;
+    }
+    return RG_OK;
+}
+
+static void tail_push(launcher_worker_t *w, const char *line, size_t len)
+{
+    snprintf(w->tail[w->tail_next], sizeof(w->tail[0]), "%.*s", (int)len, line);
+    w->tail_next = (w->tail_next + 1) % (int)RG_ARRAY_SIZE(w->tail);
+    if (w->tail_count < (int)RG_ARRAY_SIZE(w->tail)) {
+        w->tail_count++;
+    }
+}
+
+static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_t len,
+                      const launcher_config_t *cfg)
+{
+    int bit = is_err ? 2 : 1;
+    FILE *log = is_err ? w->err_log : w->out_log;
+    FILE *console = is_err ? stderr : stdout;
+
+    if (is_err) {
+        tail_push(w, line, len);
+    }
+    if (log != NULL) {
+        fwrite(line, 1, len, log);
+        fputc('\n', log);
+        fflush(log);
+    }
+    if (cfg->tee & bit) {
+        fprintf(console, "[rank %d]: %.*s\n", w->rank, (int)len, line);
+    } else if (!(cfg->redirects & bit)) {
+        fprintf(console, "%.*s\n", (int)len, line);
+    }
+}
+
+/* Moves complete lines out of buf (and everything when flush, or when the line is full). */
+static void split_lines(launcher_worker_t *w, bool is_err, char *buf, size_t *len, bool flush,
+                        const launcher_config_t *cfg)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < *len; i++) {
+        if (buf[i] == '\n') {
+            emit_line(w, is_err, buf + start, i - start, cfg);
+            start = i + 1;
+        }
+    }
+    if (start == 0 && (flush || *len == 4096) && *len > 0) {
+        emit_line(w, is_err, buf, *len, cfg);
+        start = *len;
+    }
+    memmove(buf, buf + start, *len - start);
+    *len -= start;
+}
+
+static bool pump_fd(launcher_worker_t *w, bool is_err, const launcher_config_t *cfg)
+{
+    int *fd = is_err ? &w->err_fd : &w->out_fd;
+    char *buf = is_err ? w->err_line : w->out_line;
+    size_t *len = is_err ? &w->err_len : &w->out_len;
+
+    /* Bounded: at most 64 reads per wakeup, the rest at the next one. */
+    for (int k = 0; k < 64 && *fd >= 0; k++) {
+        ssize_t n = read(*fd, buf + *len, 4096 - *len);
+        if (n > 0) {
+            *len += (size_t)n;
+            split_lines(w, is_err, buf, len, false, cfg);
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            break;
+        }
+        split_lines(w, is_err, buf, len, true, cfg);
+        close(*fd);
+        *fd = -1;
+    }
+    fflush(is_err ? stderr : stdout);
+    return true;
+}
+
+void launcher_workers_pump(launcher_workers_t *ws, int fd, const launcher_config_t *cfg)
+{
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].out_fd == fd) {
+            pump_fd(&ws->w[i], false, cfg);
+        } else if (ws->w[i].err_fd == fd) {
+            pump_fd(&ws->w[i], true, cfg);
+        }
+    }
+}
+
+static void worker_close(launcher_worker_t *w, const launcher_config_t *cfg)
+{
+    /* Drain what is left in the pipes so no output is lost. */
+    pump_fd(w, false, cfg);
+    pump_fd(w, true, cfg);
+    if (w->out_fd >= 0) {
+        close(w->out_fd);
+        w->out_fd = -1;
+    }
+    if (w->err_fd >= 0) {
+        close(w->err_fd);
+        w->err_fd = -1;
+    }
+    if (w->out_log != NULL) {
+        fclose(w->out_log);
+        w->out_log = NULL;
+    }
+    if (w->err_log != NULL) {
+        fclose(w->err_log);
+        w->err_log = NULL;
+    }
+}
+
+int launcher_workers_reap(launcher_workers_t *ws, int *failed)
+{
+    int st;
+    pid_t pid;
+
+    *failed = -1;
+    /* Bounded by the number of our children. */
+    for (int k = 0; k <= ws->n && (pid = waitpid(-1, &st, WNOHANG)) > 0; k++) {
+        for (int i = 0; i < ws->n; i++) {
+            launcher_worker_t *w = &ws->w[i];
+            if (w->pid == pid && w->running) {
+                w->running = false;
+                w->wstatus = st;
+                ws->running--;
+                if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && *failed < 0) {
+                    *failed = i;
+                }
+                /* Kill whatever the worker left in its group. */
+                kill(-pid, SIGKILL);
+            }
+        }
+    }
+    return ws->running;
+}
+
+void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
+                           const launcher_config_t *cfg)
+{
+    rg_deadline_t deadline = rg_deadline_in_ms(grace_ms);
+    int failed;
+
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].running) {
+            kill(-ws->w[i].pid, sig);
+        }
+    }
+    while (launcher_workers_reap(ws, &failed) > 0 && !rg_deadline_passed(deadline)) {
+        rg_sleep_ms(RG_MIN(5, rg_deadline_left_ms(deadline)));
+    }
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].running) {
+            rg_warn("worker rank %d (pid %d) ignored SIGTERM for %lld ms; killing it",
+                    ws->w[i].rank, (int)ws->w[i].pid, (long long)grace_ms);
+            kill(-ws->w[i].pid, SIGKILL);
+        }
+    }
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].running) {
+            int st;
+            if (waitpid(ws->w[i].pid, &st, 0) == ws->w[i].pid) {
+                ws->w[i].running = false;
+                ws->w[i].wstatus = st;
+                ws->running--;
+            }
+        }
+        worker_close(&ws->w[i], cfg);
+    }
+}
+
+void launcher_workers_drain(launcher_workers_t *ws, int i, const launcher_config_t *cfg)
+{
+    pump_fd(&ws->w[i], false, cfg);
+    pump_fd(&ws->w[i], true, cfg);
+}
+
+void launcher_workers_failure(launcher_workers_t *ws, int i, rg_rdzv_failure_t *f,
+                              char *err_buf, size_t err_len, char *tail_buf, size_t tail_len)
+{
+    launcher_worker_t *w = &ws->w[i];
+    FILE *ef;
+    size_t o = 0;
+
+    memset(f, 0, sizeof(*f));
+    f->rank = w->rank;
+    f->local_rank = w->local_rank;
+    f->exit_code = WIFEXITED(w->wstatus) ? WEXITSTATUS(w->wstatus) : -1;
+    f->signal = WIFSIGNALED(w->wstatus) ? WTERMSIG(w->wstatus) : 0;
+    err_buf[0] = '\0';
+    ef = fopen(w->error_file, "r");
+    if (ef != NULL) {
+        size_t n = fread(err_buf, 1, err_len - 1, ef);
+        err_buf[n] = '\0';
+        fclose(ef);
+    }
+    f->error = err_buf[0] ? err_buf : NULL;
+    tail_buf[0] = '\0';
+    for (int k = 0; k < w->tail_count; k++) {
+        int idx = (w->tail_next - w->tail_count + k + (int)RG_ARRAY_SIZE(w->tail)) %
+                  (int)RG_ARRAY_SIZE(w->tail);
+        int n = snprintf(tail_buf + o, tail_len - o, "%s\n", w->tail[idx]);
+        if (n < 0 || (size_t)n >= tail_len - o) {
+            break;
+        }
+        o += (size_t)n;
+    }
+    f->stderr_tail = tail_buf[0] ? tail_buf : NULL;
+}

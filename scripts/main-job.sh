@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The main job: installs what is needed, builds regroup, and trains the Fashion-MNIST MLP on
+# 4 workers under `regroup --standalone` (a private etcd, started and removed by regroup),
+# with checkpoints in a temporary directory.
+#   scripts/main-job.sh               3 epochs; ends with test_accuracy=<fraction>
+#   scripts/main-job.sh --kill-demo   also SIGKILLs rank 1 at step 1000 to show the job
+#                                     regrouping and resuming from its last checkpoint
+# Further arguments go to rg-fmnist (e.g. --epochs 1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$(nproc)" >/dev/null
+
+args=(--epochs 3)
+if [[ "${1:-}" == "--kill-demo" ]]; then
+    args+=(--kill-at 1000 --kill-rank 1)
+    shift
+fi
+ckpt=$(mktemp -d /tmp/regroup-fmnist-XXXXXX)
+trap 'rm -rf "$ckpt"' EXIT
+export REGROUP_CKPT_DIR="$ckpt" OPENBLAS_NUM_THREADS=1 UCX_NET_DEVICES=lo
+build/regroup --standalone --nproc-per-node=4 --max-restarts=3 \
+    build/examples/rg-fmnist "${args[@]}" "$@"

@@ -1,0 +1,515 @@
+/*
+ * The regroup launcher through real processes: agents started as separate "nodes" on
+ * loopback against a real etcd, workers that record their starts in an events file.
+ */
+#include "etcd_server.h"
+#include "rg_common.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_AGENTS 4
+#define WORKER     RG_TEST_DATA "/rg_test_worker.sh"
+
+static char dir[256];
+static rg_etcd_server_t srv;
+static pid_t agents[MAX_AGENTS];
+
+static void setup_dir(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/rg-launch-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("RG_TEST_DIR", dir, 1);
+    unsetenv("RG_TEST_FAIL_RANK");
+    memset(agents, 0, sizeof(agents));
+}
+
+static void up(void)
+{
+    setup_dir();
+    ck_assert_int_eq(rg_etcd_server_start(&srv, "--heartbeat-interval=10 --election-timeout=100"),
+                     0);
+}
+
+static void kill_agents(void)
+{
+    for (int i = 0; i < MAX_AGENTS; i++) {
+        if (agents[i] > 0) {
+            kill(agents[i], SIGKILL);
+            waitpid(agents[i], NULL, 0);
+            agents[i] = 0;
+        }
+    }
+}
+
+static void down(void)
+{
+    char cmd[300];
+    kill_agents();
+    rg_etcd_server_stop(&srv);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Starts `regroup ARGS... WORKER` with output in dir/agent<i>.log. NULL-terminated args. */
+static pid_t start_agent(int i, ...)
+{
+    char *argv[32];
+    char log[300];
+    int n = 0;
+    va_list ap;
+    pid_t parent = getpid();
+
+    argv[n++] = REGROUP_BIN;
+    va_start(ap, i);
+    for (char *a = va_arg(ap, char *); a != NULL && n < 30; a = va_arg(ap, char *)) {
+        argv[n++] = a;
+    }
+    va_end(ap);
+    argv[n++] = WORKER;
+    argv[n] = NULL;
+    snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(127);
+        }
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("REGROUP_LOG_LEVEL", "info", 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    agents[i] = pid;
+    return pid;
+}
+
+typedef struct {
+    int    round;
+    int    rank;
+    int    world;
+    int    restart;
+    pid_t  pid;
+} start_t;
+
+/* Reads the events file; returns the number of starts (at most max). */
+static int read_starts(start_t *out, int max)
+{
+    char path[300];
+    char line[512];
+    int n = 0;
+    snprintf(path, sizeof(path), "%s/events", dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (n < max && fgets(line, sizeof(line), f) != NULL) {
+        start_t s;
+        int pid;
+        if (sscanf(line, "start %d %d %d %d %d", &s.round, &s.rank, &s.world, &s.restart,
+                   &pid) == 5) {
+            s.pid = pid;
+            out[n++] = s;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* Waits until, among the starts after index `from`, `count` have world size `world`
+ * (and restart count `restart` unless -1). Returns the index after the last matched. */
+static int wait_starts(int from, int count, int world, int restart, int timeout_ms)
+{
+    static start_t s[4096];
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int n = read_starts(s, 4096);
+        int got = 0;
+        for (int i = from; i < n; i++) {
+            if (s[i].world == world && (restart < 0 || s[i].restart == restart)) {
+                if (++got == count) {
+                    return i + 1;
+                }
+            }
+        }
+        if (rg_now_ns() > until) {
+            ck_abort_msg("waited %d ms for %d starts at world %d (restart %d) after event %d; "
+                         "have %d events", timeout_ms, count, world, restart, from, n);
+        }
+        rg_sleep_ms(20);
+    }
+}
+
+static int wait_exit(pid_t pid, int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int st;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            for (int i = 0; i < MAX_AGENTS; i++) {
+                if (agents[i] == pid) {
+                    agents[i] = 0;
+                }
+            }
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        ck_assert_msg(rg_now_ns() < until, "pid %d did not exit within %d ms", (int)pid,
+                      timeout_ms);
+        rg_sleep_ms(10);
+    }
+}
+
+static bool pid_gone(pid_t pid, int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (rg_now_ns() < until) {
+        char path[64];
+        char state = 0;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            return true;
+        }
+        /* A zombie whose parent is gone is as good as gone. */
+        if (fscanf(f, "%*d %*s %c", &state) == 1 && state == 'Z') {
+            fclose(f);
+            return true;
+        }
+        fclose(f);
+        rg_sleep_ms(10);
+    }
+    return false;
+}
+
+static void stop_workers(void)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/stop", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+}
+
+static bool log_contains(int i, const char *text)
+{
+    char path[300];
+    static char buf[1 << 20];
+    snprintf(path, sizeof(path), "%s/agent%d.log", dir, i);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return strstr(buf, text) != NULL;
+}
+
+#define EP "--rdzv-endpoint", srv.endpoints, "--rdzv-id", "job1"
+
+START_TEST(test_resize_on_node_loss_and_return)
+{
+    static start_t s[256];
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=1,join_timeout=60";
+
+    for (int i = 0; i < 3; i++) {
+        start_agent(i, EP, "--nnodes=2:3", "--nproc-per-node=2", (char *)conf, NULL);
+    }
+    int at = wait_starts(0, 6, 6, 0, 30000);
+    int n = read_starts(s, 256);
+    /* The ranks of a round are 0..5, each once. */
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i].world == 6) {
+            seen |= 1 << s[i].rank;
+        }
+    }
+    ck_assert_int_eq(seen, 0x3f);
+
+    /* `regroup status` shows the round: members, ranks and world size. */
+    char cmd[800];
+    char out[4096];
+    snprintf(cmd, sizeof(cmd), "%s status --rdzv-endpoint=%s --rdzv-id=job1", REGROUP_BIN,
+             srv.endpoints);
+    FILE *ps = popen(cmd, "r");
+    ck_assert_ptr_nonnull(ps);
+    size_t got = fread(out, 1, sizeof(out) - 1, ps);
+    out[got] = '\0';
+    ck_assert_int_eq(pclose(ps), 0);
+    ck_assert_msg(strstr(out, "3 nodes, world size 6") != NULL && strstr(out, "4-5") != NULL,
+                  "status says: %s", out);
+
+    /* A node is lost: its workers die with it, the other two go on at world 4. */
+    pid_t victim = agents[2];
+    pid_t orphans[2];
+    int k = 0;
+    char path[300];
+    for (int i = 0; i < n && k < 2; i++) {
+        /* The victim's workers: find them by parent pid. */
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)s[i].pid);
+        FILE *f = fopen(path, "r");
+        int ppid = 0;
+        if (f != NULL) {
+            if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) {
+                ppid = 0;
+            }
+            fclose(f);
+        }
+        if (ppid == victim) {
+            orphans[k++] = s[i].pid;
+        }
+    }
+    ck_assert_int_eq(k, 2);
+    kill(victim, SIGKILL);
+    ck_assert_int_eq(wait_exit(victim, 5000), 128 + SIGKILL);
+    ck_assert_msg(pid_gone(orphans[0], 5000) && pid_gone(orphans[1], 5000),
+                  "the lost agent's workers outlived it");
+    at = wait_starts(at, 4, 4, 0, 30000);
+
+    /* It comes back: world 6 again, a membership change, so still restart 0. */
+    start_agent(2, EP, "--nnodes=2:3", "--nproc-per-node=2", (char *)conf, NULL);
+    wait_starts(at, 6, 6, 0, 30000);
+    stop_workers();
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(wait_exit(agents[i], 20000), 0);
+    }
+}
+END_TEST
+
+START_TEST(test_worker_kill_restarts_then_fails)
+{
+    static start_t s[64];
+    start_agent(0, EP, "--nproc-per-node=2", "--max-restarts=1", NULL);
+    wait_starts(0, 2, 2, 0, 20000);
+    ck_assert_int_eq(read_starts(s, 64), 2);
+    kill(s[0].pid, SIGKILL);
+    /* Every worker restarts with TORCHELASTIC_RESTART_COUNT one higher. */
+    int at = wait_starts(0, 2, 2, 1, 20000);
+    ck_assert_int_ge(read_starts(s, 64), at);
+    kill(s[at - 1].pid, SIGKILL);
+    /* Past --max-restarts the job fails with the report. */
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 1);
+    ck_assert(log_contains(0, "failed more than --max-restarts=1"));
+    ck_assert(log_contains(0, "SIGKILL"));
+}
+END_TEST
+
+START_TEST(test_failure_report_has_error_file_and_stderr)
+{
+    setenv("RG_TEST_FAIL_RANK", "1", 1);
+    start_agent(0, EP, "--nproc-per-node=2", NULL);
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 1);
+    ck_assert(log_contains(0, "RuntimeError: rank 1 failed on purpose"));
+    ck_assert(log_contains(0, "| rank 1 fails on purpose"));
+    ck_assert(log_contains(0, "exit 3"));
+}
+END_TEST
+
+START_TEST(test_sigterm_regroups_before_ttl)
+{
+    /* A 30 s lease: only the revoke on SIGTERM can make the survivor regroup in time. */
+    const char *conf = "--rdzv-conf=lease_ttl=30,last_call_timeout=1";
+    start_agent(0, EP, "--nnodes=1:2", "--nproc-per-node=1", (char *)conf, NULL);
+    start_agent(1, EP, "--nnodes=1:2", "--nproc-per-node=1", (char *)conf, NULL);
+    int at = wait_starts(0, 2, 2, 0, 20000);
+    uint64_t t0 = rg_now_ns();
+    kill(agents[1], SIGTERM);
+    ck_assert_int_eq(wait_exit(agents[1], 10000), 128 + SIGTERM);
+    wait_starts(at, 1, 1, 0, 10000);
+    ck_assert_uint_lt(rg_now_ns() - t0, 15000000000ull);
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
+}
+END_TEST
+
+START_TEST(test_standalone_leaves_nothing)
+{
+    setup_dir();
+    stop_workers();   /* the workers finish at once */
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    /* The agent says where its etcd ran; both must be gone. */
+    char path[300];
+    char line[1024];
+    int etcd_pid = 0;
+    char root[512] = "";
+    snprintf(path, sizeof(path), "%s/agent0.log", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *p = strstr(line, "private etcd at ");
+        if (p != NULL) {
+            ck_assert_int_eq(sscanf(strstr(p, "(pid "), "(pid %d, data %511[^)])", &etcd_pid,
+                                    root), 2);
+        }
+    }
+    fclose(f);
+    ck_assert_int_gt(etcd_pid, 0);
+    ck_assert_msg(pid_gone(etcd_pid, 2000), "etcd pid %d still runs", etcd_pid);
+    struct stat sb;
+    ck_assert_msg(stat(root, &sb) != 0, "data dir %s still exists", root);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static bool file_has(const char *path, const char *text)
+{
+    char buf[4096];
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return strstr(buf, text) != NULL;
+}
+
+START_TEST(test_log_dir_tee_and_redirects)
+{
+    char logdir[300];
+    char arg[320];
+    char path[512];
+    setup_dir();
+    stop_workers();
+    snprintf(logdir, sizeof(logdir), "%s/logs", dir);
+    snprintf(arg, sizeof(arg), "--log-dir=%s", logdir);
+    /* --tee: to the files and to the console, prefixed with the rank. */
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", arg, "--tee=3", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 1]: rank 1 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(file_has(path, "rank 1 done"), "%s", path);
+    /* --redirects: to the files only. */
+    pid = start_agent(1, "--standalone", "--nproc-per-node=1", arg, "--redirects=1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(!log_contains(1, "rank 0 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
+    ck_assert(file_has(path, "rank 0 done"));
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static int run_bad(const char *a1, const char *a2, const char *expect)
+{
+    char cmd[1024];
+    char out[2048] = "";
+    snprintf(cmd, sizeof(cmd), "%s %s %s /bin/true 2>&1", REGROUP_BIN, a1, a2 ? a2 : "");
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    ck_assert_msg(strstr(out, expect) != NULL, "'%s' says '%s', not '%s'", cmd, out, expect);
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "one line: %s", out);
+    return WEXITSTATUS(st);
+}
+
+START_TEST(test_bad_options)
+{
+    ck_assert_int_eq(run_bad("--nnodes=3:2", "--standalone", "--nnodes=3:2"), 2);
+    ck_assert_int_eq(run_bad("--nproc_per_node=0", "--standalone", "--nproc-per-node=0"), 2);
+    ck_assert_int_eq(run_bad("--bogus", NULL, "--bogus"), 2);
+    ck_assert_int_eq(run_bad("--standalone", "--rdzv-endpoint=127.0.0.1:1", "--standalone"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-conf=nope=1", "--standalone", "nope"), 2);
+    ck_assert_int_eq(run_bad("--max-restarts=-1", "--standalone", "--max-restarts"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--standalone", "--rdzv-backend"), 2);
+    ck_assert_int_eq(run_bad("--nnodes=2", NULL, "--rdzv-endpoint is required"), 2);
+    ck_assert_int_eq(run_bad("--standalone", "--nnodes=2", "--standalone"), 2);
+    ck_assert_int_eq(run_bad("--tee=3", "--standalone", "--log-dir"), 2);
+}
+END_TEST
+
+START_TEST(test_etcd_unreachable)
+{
+    char ep[64];
+    setup_dir();
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=127.0.0.1:%d", rg_free_port());
+    uint64_t t0 = rg_now_ns();
+    pid_t pid = start_agent(0, ep, "--rdzv-conf=join_timeout=2", NULL);
+    ck_assert_int_eq(wait_exit(pid, 15000), 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    ck_assert(log_contains(0, "unreachable"));
+    ck_assert(log_contains(0, ep + strlen("--rdzv-endpoint=")));
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(test_etcd_member_loss)
+{
+    rg_etcd_server_t cl;
+    char ep[600];
+    static start_t s[64];
+    setup_dir();
+    ck_assert_int_eq(rg_etcd_server_cluster_start(&cl, 3,
+                     "--heartbeat-interval=50 --election-timeout=500"), 0);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", cl.endpoints);
+    const char *conf = "--rdzv-conf=lease_ttl=5,last_call_timeout=1";
+    start_agent(0, ep, "--rdzv-id=j3", "--nnodes=2", (char *)conf, NULL);
+    start_agent(1, ep, "--rdzv-id=j3", "--nnodes=2", (char *)conf, NULL);
+    wait_starts(0, 2, 2, 0, 30000);
+    /* The first member is every client's first choice: kill it. */
+    rg_etcd_server_kill(&cl, 0, SIGKILL);
+    /* The job carries on: wait through two lease TTLs, then finish normally. */
+    uint64_t until = rg_now_ns() + 8000000000ull;
+    while (rg_now_ns() < until) {
+        ck_assert_int_eq(read_starts(s, 64), 2);
+        rg_sleep_ms(200);
+    }
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
+    ck_assert_int_eq(wait_exit(agents[1], 20000), 0);
+    ck_assert_int_eq(read_starts(s, 64), 2);
+    rg_etcd_server_stop(&cl);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("launcher");
+    TCase *tc = tcase_create("agents");
+    tcase_add_checked_fixture(tc, up, down);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_resize_on_node_loss_and_return);
+    tcase_add_test(tc, test_worker_kill_restarts_then_fails);
+    tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
+    tcase_add_test(tc, test_sigterm_regroups_before_ttl);
+    suite_add_tcase(s, tc);
+    TCase *tc2 = tcase_create("standalone");
+    tcase_set_timeout(tc2, 120);
+    tcase_add_checked_fixture(tc2, NULL, kill_agents);
+    tcase_add_test(tc2, test_standalone_leaves_nothing);
+    tcase_add_test(tc2, test_bad_options);
+    tcase_add_test(tc2, test_log_dir_tee_and_redirects);
+    tcase_add_test(tc2, test_etcd_unreachable);
+    tcase_add_test(tc2, test_etcd_member_loss);
+    suite_add_tcase(s, tc2);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

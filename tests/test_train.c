@@ -1,0 +1,300 @@
+/*
+ * The worker API through real processes: rg-exact under the regroup launcher ends with the
+ * exact expected vector at world sizes 1-4, after a worker is SIGKILLed, and when a node joins
+ * mid-run; and the samples each rank consumed, kept for the steps of the final history, are
+ * every sample of every epoch exactly once.
+ */
+#include "etcd_server.h"
+#include "rg_common.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SAMPLES 1000
+#define EPOCHS  3
+
+static char dir[256];
+static char ckpt[300];
+static char trace[300];
+
+static void setup(void)
+{
+    char cmd[700];
+    snprintf(dir, sizeof(dir), "/tmp/rg-train-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    snprintf(trace, sizeof(trace), "%s/trace", dir);
+    snprintf(cmd, sizeof(cmd), "mkdir -p %s %s", ckpt, trace);
+    ck_assert_int_eq(system(cmd), 0);
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Runs argv with output to dir/<name>.log. */
+static pid_t spawn(const char *name, char *const argv[])
+{
+    char log[400];
+    pid_t parent = getpid();
+    snprintf(log, sizeof(log), "%s/%s.log", dir, name);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(127);
+        }
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    return pid;
+}
+
+static int wait_exit(pid_t pid, int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int st;
+    while (waitpid(pid, &st, WNOHANG) != pid) {
+        if (rg_now_ns() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            ck_abort_msg("pid %d did not finish within %d ms", (int)pid, timeout_ms);
+        }
+        rg_sleep_ms(10);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static bool log_has(const char *name, const char *text)
+{
+    char path[400];
+    static char buf[1 << 20];
+    snprintf(path, sizeof(path), "%s/%s.log", dir, name);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return strstr(buf, text) != NULL;
+}
+
+/*
+ * The exactly-once check. Trace lines are "round step epoch id"; a step executed in several
+ * rounds (rolled back by a restart) counts only in the latest round that ran it.
+ */
+static void check_exactly_once(int epochs, int samples)
+{
+    enum { MAX_STEPS = 4096 };
+    static int last_round[MAX_STEPS];
+    static unsigned short count[16][SAMPLES];
+    DIR *d = opendir(trace);
+    struct dirent *e;
+    char path[700];
+    char line[128];
+
+    ck_assert_ptr_nonnull(d);
+    memset(last_round, -1, sizeof(last_round));
+    memset(count, 0, sizeof(count));
+    /* Pass 1: the latest round of every step. */
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.') {
+                continue;
+            }
+            snprintf(path, sizeof(path), "%s/%s", trace, e->d_name);
+            FILE *f = fopen(path, "r");
+            ck_assert_ptr_nonnull(f);
+            while (fgets(line, sizeof(line), f) != NULL) {
+                int round;
+                int step;
+                int epoch;
+                int id;
+                ck_assert_int_eq(sscanf(line, "%d %d %d %d", &round, &step, &epoch, &id), 4);
+                ck_assert(step >= 0 && step < MAX_STEPS && epoch < 16 && id < samples);
+                if (pass == 0 && round > last_round[step]) {
+                    last_round[step] = round;
+                } else if (pass == 1 && round == last_round[step]) {
+                    count[epoch][id]++;
+                }
+            }
+            fclose(f);
+        }
+    }
+    closedir(d);
+    for (int ep = 0; ep < epochs; ep++) {
+        for (int id = 0; id < samples; id++) {
+            ck_assert_msg(count[ep][id] == 1, "epoch %d sample %d used %d times", ep, id,
+                          count[ep][id]);
+        }
+    }
+}
+
+static void run_exact(int world, const char *kill_at)
+{
+    char np[32];
+    char tr[320];
+    snprintf(np, sizeof(np), "--nproc-per-node=%d", world);
+    snprintf(tr, sizeof(tr), "%s", trace);
+    char *argv[] = {REGROUP_BIN, "--standalone", np, "--max-restarts=2", RG_EXACT_BIN,
+                    "--trace", tr, kill_at ? "--kill-at" : NULL, (char *)kill_at,
+                    "--kill-rank", "1", NULL};
+    pid_t pid = spawn("job", argv);
+    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert_msg(log_has("job", "exact=1"), "no exact=1 at world %d", world);
+    check_exactly_once(EPOCHS, SAMPLES);
+}
+
+START_TEST(test_exact_world_sizes)
+{
+    run_exact(_i + 1, NULL);
+}
+END_TEST
+
+START_TEST(test_exact_after_worker_kill)
+{
+    run_exact(3, "32");
+    ck_assert(log_has("job", "killing myself at step 32"));
+    /* It resumes from a checkpoint at most 32 (which one depends on how far the background
+     * writes had got: checkpoints are taken every 5 steps). */
+    char path[400];
+    char line[256];
+    int resumed = -1;
+    snprintf(path, sizeof(path), "%s/job.log", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "resumed from step %d", &resumed) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    ck_assert_msg(resumed > 0 && resumed <= 32 && resumed % 5 == 0, "resumed from %d", resumed);
+}
+END_TEST
+
+START_TEST(test_exact_with_node_joining)
+{
+    rg_etcd_server_t srv;
+    char ep[600];
+    char tr[320];
+    ck_assert_int_eq(rg_etcd_server_start(&srv, "--heartbeat-interval=10 --election-timeout=100"),
+                     0);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", srv.endpoints);
+    snprintf(tr, sizeof(tr), "%s", trace);
+    /* Slow steps (extra compute per sample) so that the second node arrives mid-run. */
+    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=join", "--nnodes=1:2", "--nproc-per-node=1",
+                    "--rdzv-conf=last_call_timeout=0.5", RG_EXACT_BIN, "--trace", tr,
+                    "--epochs", "3", "--work", "40000", NULL};
+    pid_t a = spawn("a", argv);
+    /* Mid-run: once a checkpoint has been committed, the second node starts. */
+    uint64_t until = rg_now_ns() + 60000000000ull;
+    for (;;) {
+        DIR *d = opendir(ckpt);
+        bool any = false;
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) {
+            any = any || strncmp(e->d_name, "step-", 5) == 0;
+        }
+        if (d != NULL) {
+            closedir(d);
+        }
+        if (any) {
+            break;
+        }
+        ck_assert_msg(rg_now_ns() < until, "no checkpoint within 60 s");
+        rg_sleep_ms(5);
+    }
+    pid_t b = spawn("b", argv);
+    ck_assert_int_eq(wait_exit(a, 120000), 0);
+    ck_assert_int_eq(wait_exit(b, 120000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world size 2");
+    check_exactly_once(EPOCHS, SAMPLES);
+    rg_etcd_server_stop(&srv);
+}
+END_TEST
+
+/* rg_trainer_fit: the program runs itself on local workers, with restarts and checkpoints. */
+START_TEST(test_trainer_fit)
+{
+    char *argv[] = {RG_EXACT_BIN, "--trainer", "2", "--ckpt-root", ckpt, "--kill-at", "22",
+                    "--kill-rank", "1", NULL};
+    pid_t pid = spawn("trainer", argv);
+    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert(log_has("trainer", "killing myself at step 22"));
+    ck_assert(log_has("trainer", "exact=1"));
+    ck_assert(log_has("trainer", "trainer: the job finished"));
+}
+END_TEST
+
+/* The MLP at world size 2: a short run drives the loss well below where it started. */
+START_TEST(test_mlp_loss_falls_at_world_2)
+{
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", RG_FMNIST_BIN,
+                    "--epochs", "1", "--log-every", "50", "--ckpt-every", "100", NULL};
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    pid_t pid = spawn("mlp", argv);
+    ck_assert_int_eq(wait_exit(pid, 240000), 0);
+    char path[400];
+    char line[256];
+    double first = -1;
+    double last = -1;
+    snprintf(path, sizeof(path), "%s/mlp.log", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, " loss=");
+        double loss;
+        if (strncmp(line, "step=", 5) == 0 && p != NULL && sscanf(p, " loss=%lf", &loss) == 1) {
+            if (first < 0) {
+                first = loss;
+            }
+            last = loss;
+        }
+    }
+    fclose(f);
+    ck_assert_msg(first > 0 && last > 0 && last < 0.5 * first,
+                  "loss went from %.4f to %.4f", first, last);
+    ck_assert(log_has("mlp", "test_accuracy="));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("train");
+    TCase *tc = tcase_create("exact");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_exact_world_sizes, 0, 4);
+    tcase_add_test(tc, test_exact_after_worker_kill);
+    tcase_add_test(tc, test_exact_with_node_joining);
+    tcase_add_test(tc, test_mlp_loss_falls_at_world_2);
+    tcase_add_test(tc, test_trainer_fit);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

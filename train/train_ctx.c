@@ -1,0 +1,453 @@
+/*
+ * The worker API: a context from the launcher's environment, progress reports, asynchronous
+ * checkpoints of the training state and the data cursor, and restoring them at any world
+ * size. Ranks agree on what they restore: rank 0 picks the newest committed step, every rank
+ * tries it, and if any rank cannot read it, all fall back to an older one together.
+ */
+#include "rg_common.h"
+
+#include <regroup/etcd.h>
+#include <regroup/train.h>
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CURSOR_TENSOR      "_regroup.cursor"
+#define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
+#define RESTORE_TRIES      8
+
+struct rg_train_ctx {
+    int              rank;
+    int              world;
+    int              local_rank;
+    int              local_size;
+    int              round;
+    int              restart_count;
+    char             job[128];
+    char             endpoints[1024];
+    char             ckpt_root[1024];
+    rg_etcd_t       *etcd;
+    rg_comm_t       *comm;
+    rg_ckpt_t       *ckpt;
+    rg_ckpt_save_t  *save;           /* the checkpoint in flight, if any */
+    int64_t          save_step;
+    uint64_t         last_progress_ns;
+};
+
+static rg_status_t env_int(const char *name, int lo, int hi, int dflt, int *out)
+{
+    const char *v = getenv(name);
+    int64_t x;
+    if (v == NULL || v[0] == '\0') {
+        if (dflt < lo) {
+            return rg_error(RG_EINVAL, "worker environment: %s is not set (run the program "
+                            "under regroup)", name);
+        }
+        *out = dflt;
+        return RG_OK;
+    }
+    if (!rg_parse_i64(v, &x) || x < lo || x > hi) {
+        return rg_error(RG_EINVAL, "worker environment: %s=%s is not in %d..%d", name, v, lo, hi);
+    }
+    *out = (int)x;
+    return RG_OK;
+}
+
+rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_p)
+{
+    rg_train_params_t defaults = {0};
+    rg_train_ctx_t *ctx;
+    rg_comm_env_t *env;
+    rg_status_t st;
+
+    if (ctx_p == NULL) {
+        return rg_error(RG_EINVAL, "rg_train_init: NULL ctx_p");
+    }
+    if (params == NULL) {
+        params = &defaults;
+    }
+    ctx = calloc(1, sizeof(*ctx));
+    env = calloc(1, sizeof(*env));
+    if (ctx == NULL || env == NULL) {
+        free(ctx);
+        free(env);
+        return rg_error(RG_ENOMEM, "rg_train_init");
+    }
+    st = rg_comm_env_read(env);
+    if (st == RG_OK) {
+        st = env_int("LOCAL_RANK", 0, RG_COMM_MAX_SIZE, 0, &ctx->local_rank);
+    }
+    if (st == RG_OK) {
+        st = env_int("LOCAL_WORLD_SIZE", 1, RG_COMM_MAX_SIZE, 1, &ctx->local_size);
+    }
+    if (st == RG_OK) {
+        st = env_int("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, 0, &ctx->restart_count);
+    }
+    if (st != RG_OK) {
+        goto err;
+    }
+    ctx->rank = env->params.rank;
+    ctx->world = env->params.size;
+    ctx->round = (int)env->round;
+    snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
+    snprintf(ctx->endpoints, sizeof(ctx->endpoints), "%s", env->endpoints);
+    rg_log_set_identity(ctx->rank, ctx->round);
+
+    rg_etcd_params_t ep = {.endpoints = ctx->endpoints};
+    st = rg_etcd_create(&ep, &ctx->etcd);
+    if (st != RG_OK) {
+        goto err;
+    }
+    env->params.etcd = ctx->etcd;
+    env->params.timeout_ms = params->comm_timeout_ms;
+    if (env->params.timeout_ms == 0) {
+        int ms = 0;
+        st = env_int("REGROUP_COMM_TIMEOUT_MS", 1, 1 << 30, 30000, &ms);
+        if (st != RG_OK) {
+            goto err;
+        }
+        env->params.timeout_ms = ms;
+    }
+    st = rg_comm_create(&env->params, &ctx->comm);
+    if (st != RG_OK) {
+        goto err;
+    }
+    const char *root = params->ckpt_root ? params->ckpt_root : getenv("REGROUP_CKPT_DIR");
+    if (root != NULL && root[0] != '\0') {
+        int keep = (int)params->keep_last;
+        if (keep == 0) {
+            st = env_int("REGROUP_CKPT_KEEP", 1, 1 << 20, 3, &keep);
+            if (st != RG_OK) {
+                goto err;
+            }
+        }
+        snprintf(ctx->ckpt_root, sizeof(ctx->ckpt_root), "%s", root);
+        int commit_ms = 0;
+        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &commit_ms);
+        if (st != RG_OK) {
+            goto err;
+        }
+        rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
+                               .world_size = ctx->world, .staging_bytes = params->staging_bytes,
+                               .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
+                               .commit_timeout_ms = commit_ms};
+        st = rg_ckpt_create(&cp, &ctx->ckpt);
+        if (st != RG_OK) {
+            goto err;
+        }
+    }
+    free(env);
+    *ctx_p = ctx;
+    return RG_OK;
+err:
+    free(env);
+    rg_train_finalize(ctx);
+    return st;
+}
+
+/* Waits for the checkpoint in flight; returns its result. */
+static rg_status_t finish_save(rg_train_ctx_t *ctx)
+{
+    rg_status_t st = RG_OK;
+    if (ctx->save == NULL) {
+        return RG_OK;
+    }
+    st = rg_ckpt_save_wait(ctx->save, 0);
+    if (st != RG_OK) {
+        rg_error_log("checkpoint of step %lld failed: %s", (long long)ctx->save_step,
+                     rg_ckpt_save_error(ctx->save));
+        st = rg_error(st, "checkpoint of step %lld failed: %s", (long long)ctx->save_step,
+                      rg_ckpt_save_error(ctx->save));
+    }
+    rg_ckpt_save_release(ctx->save);
+    ctx->save = NULL;
+    return st;
+}
+
+void rg_train_finalize(rg_train_ctx_t *ctx)
+{
+    if (ctx == NULL) {
+        return;
+    }
+    if (ctx->comm != NULL && !rg_comm_is_healthy(ctx->comm) && ctx->save != NULL) {
+        /* A peer failed: the checkpoint in flight may wait for that peer's shard until its
+         * commit deadline. A restart must not wait for that; an uncommitted checkpoint is
+         * never visible, so leave it (and its threads) to the process's exit. */
+        rg_status_t ws = rg_ckpt_save_wait(ctx->save, rg_deadline_in_ms(1000));
+        if (ws != RG_OK && rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
+            rg_warn("abandoning the checkpoint of step %lld in flight: a peer failed",
+                    (long long)ctx->save_step);
+            rg_comm_destroy(ctx->comm);
+            rg_etcd_destroy(ctx->etcd);
+            return;
+        }
+    }
+    (void)finish_save(ctx);
+    rg_ckpt_destroy(ctx->ckpt);
+    rg_comm_destroy(ctx->comm);
+    rg_etcd_destroy(ctx->etcd);
+    free(ctx);
+}
+
+int rg_train_rank(const rg_train_ctx_t *ctx)
+{
+    return ctx->rank;
+}
+
+int rg_train_world_size(const rg_train_ctx_t *ctx)
+{
+    return ctx->world;
+}
+
+int rg_train_local_rank(const rg_train_ctx_t *ctx)
+{
+    return ctx->local_rank;
+}
+
+int rg_train_local_size(const rg_train_ctx_t *ctx)
+{
+    return ctx->local_size;
+}
+
+int rg_train_round(const rg_train_ctx_t *ctx)
+{
+    return ctx->round;
+}
+
+int rg_train_restart_count(const rg_train_ctx_t *ctx)
+{
+    return ctx->restart_count;
+}
+
+rg_comm_t *rg_train_comm(rg_train_ctx_t *ctx)
+{
+    return ctx->comm;
+}
+
+const char *rg_train_ckpt_root(const rg_train_ctx_t *ctx)
+{
+    return ctx->ckpt_root[0] ? ctx->ckpt_root : NULL;
+}
+
+static bool metric_name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 64) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
+            return false;
+        }
+    }
+    return true;
+}
+
+static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
+{
+    char key[512];
+    char val[4096];
+    int o;
+    rg_status_t st;
+
+    o = snprintf(val, sizeof(val), "{\"step\":%lld,\"epoch\":%lld,\"round\":%d,\"time\":%.3f,"
+                 "\"metrics\":{", (long long)r->step, (long long)r->epoch, ctx->round,
+                 rg_wall_s());
+    for (size_t i = 0; i < r->n_metrics; i++) {
+        o += snprintf(val + o, sizeof(val) - (size_t)o, "%s\"%s\":%.6g", i ? "," : "",
+                      r->metrics[i].name, r->metrics[i].value);
+    }
+    snprintf(val + o, sizeof(val) - (size_t)o, "}}");
+    snprintf(key, sizeof(key), "/regroup/%s/status/progress/%d", ctx->job, ctx->rank);
+    st = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+    if (st != RG_OK) {
+        /* Progress is informational: training goes on without it. */
+        rg_warn("progress report not published: %s", rg_last_error());
+    }
+    return RG_OK;
+}
+
+rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
+                      const rg_train_state_t *state)
+{
+    rg_status_t st = RG_OK;
+    rg_status_t prev;
+
+    if (ctx == NULL || report == NULL || report->n_metrics > RG_TRAIN_MAX_METRICS ||
+        (report->n_metrics > 0 && report->metrics == NULL) || report->step < 0) {
+        return rg_error(RG_EINVAL, "rg_report: bad arguments");
+    }
+    for (size_t i = 0; i < report->n_metrics; i++) {
+        if (!metric_name_ok(report->metrics[i].name)) {
+            return rg_error(RG_EINVAL, "rg_report: metric name '%s' is not 1-64 characters of "
+                            "[A-Za-z0-9_.-]", report->metrics[i].name ? report->metrics[i].name
+                                                                       : "(null)");
+        }
+    }
+    if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
+        ctx->last_progress_ns = rg_now_ns();
+        (void)publish_progress(ctx, report);
+    }
+    /* Surface a background failure of the previous checkpoint at the next report. */
+    if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {
+        st = finish_save(ctx);
+    }
+    if (state == NULL || ctx->ckpt == NULL) {
+        return st;
+    }
+    prev = finish_save(ctx);   /* one save staged at a time */
+    size_t n = state->n_tensors + 1;
+    rg_ckpt_tensor_t *t = calloc(n, sizeof(*t));
+    if (t == NULL) {
+        return rg_error(RG_ENOMEM, "rg_report: tensors");
+    }
+    memcpy(t, state->tensors, state->n_tensors * sizeof(*t));
+    int64_t cursor[3] = {(int64_t)state->cursor.seed, (int64_t)state->cursor.epoch,
+                         (int64_t)state->cursor.step};
+    size_t n_save = state->n_tensors;
+    if (ctx->rank == 0) {
+        t[n_save++] = (rg_ckpt_tensor_t){.name = CURSOR_TENSOR, .dtype = RG_DTYPE_I64,
+                                         .ndim = 1, .shape = {3}, .row_begin = 0,
+                                         .row_count = 3, .data = cursor,
+                                         .flags = RG_CKPT_REPLICATED};
+    }
+    st = rg_ckpt_save(ctx->ckpt, report->step, t, n_save, 0, &ctx->save);
+    free(t);
+    if (st != RG_OK) {
+        ctx->save = NULL;
+        return st;
+    }
+    ctx->save_step = report->step;
+    return prev != RG_OK ? prev : RG_OK;
+}
+
+/* Rank 0's choice, shared with every rank. */
+static rg_status_t agree_i64(rg_train_ctx_t *ctx, int64_t *v)
+{
+    return rg_comm_broadcast(ctx->comm, v, 1, RG_DTYPE_I64, 0, NULL);
+}
+
+rg_status_t rg_get_checkpoint(rg_train_ctx_t *ctx, int64_t *step_p)
+{
+    int64_t step = -1;
+    rg_status_t st;
+
+    if (ctx == NULL || step_p == NULL) {
+        return rg_error(RG_EINVAL, "rg_get_checkpoint: NULL argument");
+    }
+    if (ctx->ckpt == NULL) {
+        return rg_error(RG_ENOENT, "no checkpoint root configured");
+    }
+    if (ctx->rank == 0) {
+        int64_t *steps = NULL;
+        size_t n = 0;
+        if (rg_ckpt_list(ctx->ckpt_root, &steps, &n) == RG_OK && n > 0) {
+            step = steps[n - 1];
+            for (size_t i = 0; i < n; i++) {
+                step = RG_MAX(step, steps[i]);
+            }
+        }
+        free(steps);
+    }
+    st = agree_i64(ctx, &step);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (step < 0) {
+        return rg_error(RG_ENOENT, "no committed checkpoint in %s", ctx->ckpt_root);
+    }
+    *step_p = step;
+    return RG_OK;
+}
+
+/* The newest committed step older than `step`, or -1 (decided by rank 0, shared). */
+static rg_status_t older_step(rg_train_ctx_t *ctx, int64_t step, int64_t *out)
+{
+    int64_t best = -1;
+    if (ctx->rank == 0) {
+        int64_t *steps = NULL;
+        size_t n = 0;
+        if (rg_ckpt_list(ctx->ckpt_root, &steps, &n) == RG_OK) {
+            for (size_t i = 0; i < n; i++) {
+                if (steps[i] < step) {
+                    best = RG_MAX(best, steps[i]);
+                }
+            }
+        }
+        free(steps);
+    }
+    rg_status_t st = agree_i64(ctx, &best);
+    if (st == RG_OK) {
+        *out = best;
+    }
+    return st;
+}
+
+rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_request_t *reqs,
+                             size_t n_reqs, rg_data_cursor_t *cursor, int64_t *step_p)
+{
+    rg_status_t st;
+
+    if (ctx == NULL || (n_reqs > 0 && reqs == NULL) || cursor == NULL) {
+        return rg_error(RG_EINVAL, "rg_train_restore: NULL argument");
+    }
+    if (ctx->ckpt == NULL) {
+        return rg_error(RG_ENOENT, "no checkpoint root configured");
+    }
+    rg_ckpt_request_t *all = calloc(n_reqs + 1, sizeof(*all));
+    if (all == NULL) {
+        return rg_error(RG_ENOMEM, "rg_train_restore");
+    }
+    int64_t saved[3];
+    memcpy(all, reqs, n_reqs * sizeof(*all));
+    all[n_reqs] = (rg_ckpt_request_t){.name = CURSOR_TENSOR, .dtype = RG_DTYPE_I64,
+                                      .row_begin = 0, .row_count = 3, .dst = saved,
+                                      .dst_bytes = sizeof(saved)};
+    for (int tries = 0; tries < RESTORE_TRIES && step >= 0; tries++) {
+        int64_t got = -1;
+        rg_status_t lst = rg_ckpt_load(ctx->ckpt_root, step, all, n_reqs + 1, &got);
+        /* Everyone must restore the same step: all succeed on it, or all try an older one. */
+        int64_t ok = (lst == RG_OK && got == step) ? 1 : 0;
+        if (lst != RG_OK) {
+            rg_warn("cannot restore step %lld here: %s", (long long)step, rg_last_error());
+        }
+        st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN,
+                               NULL);
+        if (st != RG_OK) {
+            free(all);
+            return st;
+        }
+        if (ok == 1) {
+            free(all);
+            cursor->seed = (uint64_t)saved[0];
+            cursor->epoch = (uint64_t)saved[1];
+            cursor->step = (uint64_t)saved[2];
+            if (step_p != NULL) {
+                *step_p = step;
+            }
+            rg_info("restored checkpoint step %lld", (long long)step);
+            if (ctx->rank == 0) {
+                /* For `regroup status` and the chaos suite: where this round resumed. */
+                char key[512];
+                char val[128];
+                snprintf(key, sizeof(key), "/regroup/%s/status/restored", ctx->job);
+                snprintf(val, sizeof(val), "{\"round\":%d,\"step\":%lld}", ctx->round,
+                         (long long)step);
+                if (rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL) != RG_OK) {
+                    rg_warn("cannot record the restored step: %s", rg_last_error());
+                }
+            }
+            return RG_OK;
+        }
+        st = older_step(ctx, step, &step);
+        if (st != RG_OK) {
+            free(all);
+            return st;
+        }
+    }
+    free(all);
+    return rg_error(RG_ECORRUPT, "no checkpoint in %s could be restored by every rank",
+                    ctx->ckpt_root);
+}
