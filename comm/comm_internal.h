@@ -87,15 +87,16 @@ struct rg_comm_req {
     char           *tmp;      /* scratch owned by the request */
     char           *acc;
 
-    /* small operations avoid allocations (latency): transfers and scratch inline */
+    struct comm_ring *ring;   /* comm_ring.c */
+
+    /* Small operations avoid allocations (latency): transfers and scratch inline. Fields
+     * from here on are not cleared when a request is reused. */
     comm_xfer_t     xfers_inline[4];
     union {
         char        bytes[256];
         max_align_t align_;
     } tmp_inline;
 
-    /* ring (comm_ring.c) */
-    struct comm_ring *ring;
 };
 
 struct rg_comm {
@@ -127,6 +128,8 @@ struct rg_comm {
     size_t        ring_window;    /* ring segments in flight */
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
+    rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
+    unsigned      passes;       /* progress passes, to check deadlines every few */
     unsigned      n_posted;
     void         *ctrl_req;     /* the posted wildcard control receive */
     uint64_t      ctrl_buf[2];

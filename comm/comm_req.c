@@ -18,7 +18,13 @@ rg_status_t comm_req_new(rg_comm_t *comm, const char *name, const rg_comm_opts_t
     if (!comm->healthy) {
         return comm_unhealthy_error(comm, name);
     }
-    rg_comm_req_t *req = calloc(1, sizeof(*req));
+    rg_comm_req_t *req = comm->req_cache;
+    if (req != NULL) {
+        comm->req_cache = NULL;
+        memset(req, 0, offsetof(rg_comm_req_t, xfers_inline));
+    } else {
+        req = calloc(1, sizeof(*req));
+    }
     if (req == NULL) {
         return rg_error(RG_ENOMEM, "%s: out of memory", name);
     }
@@ -195,7 +201,17 @@ rg_status_t comm_req_run(rg_status_t post_status, rg_comm_req_t *req)
         return post_status;
     }
     rg_status_t st = rg_comm_req_wait(req);
-    comm_req_release(req);
+    rg_comm_t *comm = req->comm;
+    if (comm->req_cache == NULL && req->xfers != NULL && req->xfers != req->xfers_inline) {
+        comm_xfers_free(req);
+    }
+    if (comm->req_cache == NULL && (req->xfers == NULL || req->xfers == req->xfers_inline)) {
+        /* blocking calls reuse one request: no allocation on the latency path */
+        comm_req_free_buffers(req);
+        comm->req_cache = req;
+    } else {
+        comm_req_release(req);
+    }
     return st;
 }
 
