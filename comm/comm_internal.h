@@ -144,6 +144,8 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
 
 /* ---- comm_ucx.c ------------------------------------------------------------------------ */
 
+/* Whether UCX_TLS allows shared memory (unset: yes). */
+bool        comm_tls_has_mm(void);
 /* Makes the context and worker; *addr_p (free with comm_ucx_release_address) is published. */
 rg_status_t comm_ucx_open(rg_comm_t *comm);
 rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p);

@@ -15,7 +15,7 @@
 
 /* Whether UCX_TLS lets a shared-memory transport in (setting MM_ERROR_HANDLING otherwise
  * makes UCX warn about an unused setting). */
-static bool comm_tls_has_mm(void)
+bool comm_tls_has_mm(void)
 {
     const char *tls = getenv("UCX_TLS");
     if (tls == NULL || *tls == '\0') {
