@@ -25,7 +25,22 @@
 
 #define BENCH_MAX_SIZES 32
 
-static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+static const struct {
+    const char *name;
+    rg_dtype_t  dtype;
+} dtypes[] = {{"f32", RG_DTYPE_F32}, {"f64", RG_DTYPE_F64}, {"f16", RG_DTYPE_F16},
+              {"bf16", RG_DTYPE_BF16}, {"i32", RG_DTYPE_I32}, {"i64", RG_DTYPE_I64},
+              {"u8", RG_DTYPE_U8}};
+
+static const char *dtype_name(rg_dtype_t d)
+{
+    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
+        if (dtypes[i].dtype == d) {
+            return dtypes[i].name;
+        }
+    }
+    return "?";
+}
 
 static double now_s(void)
 {
@@ -137,7 +152,7 @@ static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char
         printf("{\"bench\":\"comm\",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"ranks\":%d,"
                "\"iters\":%lld,\"latency_us\":%.3f,\"algbw_GBps\":%.3f,\"busbw_GBps\":%.3f,"
                "\"transport\":\"%s\"}\n",
-               c->op, dtype_names[c->dtype], c->bytes, n, (long long)iters, per_op * 1e6, algbw,
+               c->op, dtype_name(c->dtype), c->bytes, n, (long long)iters, per_op * 1e6, algbw,
                algbw * bus_factor(c->op, n), tls ? tls : "default(shm)");
         fflush(stdout);
     }
@@ -188,9 +203,9 @@ int main(int argc, char **argv)
         }
     }
     int dtype = -1;
-    for (int d = 0; d < 7; d++) {
-        if (strcmp(dtype_s, dtype_names[d]) == 0) {
-            dtype = d;
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        if (strcmp(dtype_s, dtypes[d].name) == 0) {
+            dtype = (int)dtypes[d].dtype;
         }
     }
     if (dtype < 0 || seconds <= 0 || seconds > 600) {

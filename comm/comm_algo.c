@@ -48,6 +48,9 @@ void *comm_buf_alloc(rg_comm_req_t *req, size_t bytes)
 
 void comm_buf_free(rg_comm_req_t *req, void *p)
 {
+    if (p == req->tmp_inline.bytes) {
+        return;
+    }
     if (req->mem == UCS_MEMORY_TYPE_CUDA) {
         comm_dev_free(p);
     } else {
@@ -410,14 +413,13 @@ static rg_status_t use_phases(rg_comm_req_t *req, const comm_phases_t *ph, int n
     req->n_phases = n_phases;
     req->phase = -1;
     req->advance = comm_phases_advance;
-    if (n_xfers > 0) {
-        req->xfers = calloc((size_t)n_xfers, sizeof(*req->xfers));
-        if (req->xfers == NULL) {
-            return rg_error(RG_ENOMEM, "%s: out of memory", req->name);
-        }
-        req->n_xfers = n_xfers;
+    if (n_xfers > 0 && comm_xfers_alloc(req, n_xfers) == NULL) {
+        return rg_error(RG_ENOMEM, "%s: out of memory", req->name);
     }
-    if (tmp_bytes > 0) {
+    if (tmp_bytes > 0 && tmp_bytes <= sizeof(req->tmp_inline.bytes) &&
+        req->mem == UCS_MEMORY_TYPE_HOST) {
+        req->tmp = req->tmp_inline.bytes;
+    } else if (tmp_bytes > 0) {
         req->tmp = comm_buf_alloc(req, tmp_bytes);
         if (req->tmp == NULL) {
             return rg_error(RG_ENOMEM, "%s: out of memory for %zu scratch bytes", req->name,
@@ -452,18 +454,19 @@ static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
         }
         return use_phases(req, &bcast_tree_phases, 2, 1 + ceil_log2(n), 0);
     case COMM_ALLREDUCE:
-        st = comm_local_copy(req, req->out, req->in, bytes);
-        if (st != RG_OK) {
-            return st;
-        }
-        if (n == 1) {
-            break;
-        }
-        if (ring && req->count >= (size_t)n) {
-            req->in = req->out; /* copied: reduce in place, no extra pass over sendbuf */
+        if (n > 1 && ring && req->count >= (size_t)n) {
+            /* Out of place needs no copy: each reduce-scatter step reads sendbuf's chunk and
+             * writes recvbuf's; the one chunk never reduced here arrives by allgather. */
             comm_ring_cfg_t cfg = {.do_rs = true, .do_ag = true, .base = req->count / (size_t)n,
                                    .rem = req->count % (size_t)n};
             return comm_ring_init(req, &cfg);
+        }
+        st = comm_local_copy(req, req->out, req->in, bytes);
+        if (st != RG_OK || n == 1) {
+            if (st == RG_OK) {
+                break;
+            }
+            return st;
         }
         return use_phases(req, &rd_phases, 2 + ceil_log2(rd_shape(n, r).p2), 2, bytes);
     case COMM_ALLGATHER:

@@ -5,7 +5,18 @@
 
 #define COMM_DEFAULT_TIMEOUT_MS   30000
 #define COMM_DEFAULT_RING_MIN     (64 * 1024)
-#define COMM_DEFAULT_SEGMENT      (256 * 1024)
+/* Measured on loopback (docs/benchmarks.md): shared memory likes many small segments, tcp
+ * fewer larger ones (its large messages go through rendezvous round trips). */
+#define COMM_DEFAULT_SEGMENT      (64 * 1024)
+#define COMM_DEFAULT_WINDOW       16
+#define COMM_DEFAULT_SEGMENT_TCP  (256 * 1024)
+#define COMM_DEFAULT_WINDOW_TCP   8
+
+/* Tuning knobs (read once per group):
+ *   REGROUP_COMM_RING_MIN_BYTES  messages at least this large use the ring (default 64 KiB)
+ *   REGROUP_COMM_SEGMENT_BYTES   ring segment (default 64 KiB; 256 KiB when UCX_TLS has no
+ *                                shared memory)
+ *   REGROUP_COMM_RING_WINDOW     ring segments in flight (default 16; 8 without shm) */
 
 /* A size from the environment: default when unset, an error naming it when malformed. */
 static rg_status_t comm_env_size(const char *name, size_t def, size_t min, size_t *out)
@@ -45,8 +56,14 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     rg_status_t st = comm_env_size("REGROUP_COMM_RING_MIN_BYTES", COMM_DEFAULT_RING_MIN, 0,
                                    &comm->ring_min_bytes);
     if (st == RG_OK) {
-        st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES", COMM_DEFAULT_SEGMENT, 64,
+        st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES",
+                           comm_tls_has_mm() ? COMM_DEFAULT_SEGMENT : COMM_DEFAULT_SEGMENT_TCP, 64,
                            &comm->seg_bytes);
+    }
+    if (st == RG_OK) {
+        st = comm_env_size("REGROUP_COMM_RING_WINDOW",
+                           comm_tls_has_mm() ? COMM_DEFAULT_WINDOW : COMM_DEFAULT_WINDOW_TCP, 1,
+                           &comm->ring_window);
     }
     if (st != RG_OK) {
         free(comm);
@@ -91,6 +108,7 @@ void rg_comm_destroy(rg_comm_t *comm)
         comm_req_finish(req, RG_ECANCELED);
     }
     comm_ucx_close(comm);
+    free(comm->req_cache);
     free(comm->eps);
     free(comm->peers);
     free(comm->peer_dead);

@@ -25,6 +25,8 @@
 
 #include <regroup/comm.h>
 
+#include <stddef.h>
+
 #include <ucp/api/ucp.h>
 
 #define COMM_TAG_P2P      (1ull << 63)
@@ -35,6 +37,7 @@
 
 #define COMM_CTRL_ABORT 1u
 #define COMM_CTRL_LEAVE 2u
+#define COMM_CTRL_HELLO 3u
 
 typedef struct {
     rg_comm_t *comm;
@@ -84,8 +87,16 @@ struct rg_comm_req {
     char           *tmp;      /* scratch owned by the request */
     char           *acc;
 
-    /* ring (comm_ring.c) */
-    struct comm_ring *ring;
+    struct comm_ring *ring;   /* comm_ring.c */
+
+    /* Small operations avoid allocations (latency): transfers and scratch inline. Fields
+     * from here on are not cleared when a request is reused. */
+    comm_xfer_t     xfers_inline[4];
+    union {
+        char        bytes[256];
+        max_align_t align_;
+    } tmp_inline;
+
 };
 
 struct rg_comm {
@@ -102,6 +113,7 @@ struct rg_comm {
     int           n_dead;       /* error callbacks seen */
     int           n_dead_seen;  /* of those, handled by a progress pass */
     int           n_left;
+    int           n_hello;      /* hello messages seen while connecting */
     void        **scratch_reqs; /* [size] for control sends and closes */
     uint64_t      ctrl_out[2];
     void        **grave;        /* buffers of failed requests, freed after the worker */
@@ -113,8 +125,11 @@ struct rg_comm {
     uint32_t      seq;
     size_t        ring_min_bytes; /* messages this large use the ring */
     size_t        seg_bytes;      /* ring segment */
+    size_t        ring_window;    /* ring segments in flight */
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
+    rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
+    unsigned      passes;       /* progress passes, to check deadlines every few */
     unsigned      n_posted;
     void         *ctrl_req;     /* the posted wildcard control receive */
     uint64_t      ctrl_buf[2];
@@ -129,12 +144,15 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
 
 /* ---- comm_ucx.c ------------------------------------------------------------------------ */
 
+/* Whether UCX_TLS allows shared memory (unset: yes). */
+bool        comm_tls_has_mm(void);
 /* Makes the context and worker; *addr_p (free with comm_ucx_release_address) is published. */
 rg_status_t comm_ucx_open(rg_comm_t *comm);
 rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p);
 void        comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr);
 /* Connects to every peer from their worker addresses (addrs[rank] unused). */
-rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens);
+rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
+                             rg_deadline_t deadline);
 void        comm_ucx_close(rg_comm_t *comm);
 /* One progress pass over the worker and every posted request; true if anything moved. */
 bool        comm_progress(rg_comm_t *comm);
@@ -172,6 +190,9 @@ rg_status_t comm_req_run(rg_status_t post_status, rg_comm_req_t *req);
 void        comm_req_release(rg_comm_req_t *req);
 rg_status_t comm_check_args(rg_comm_t *comm, const char *name, rg_dtype_t dtype, size_t count,
                             size_t mult, const rg_comm_opts_t *opts, void *req_p);
+/* Transfer slots for req: inline when few (never freed), else allocated. */
+comm_xfer_t *comm_xfers_alloc(rg_comm_req_t *req, int n);
+void         comm_xfers_free(rg_comm_req_t *req);
 rg_status_t comm_check_op(const char *name, rg_dtype_t dtype, rg_redop_t op);
 /* Tests every transfer of req in [first, first + n); RG_OK when all done. */
 rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);

@@ -18,18 +18,20 @@ rg_status_t comm_req_new(rg_comm_t *comm, const char *name, const rg_comm_opts_t
     if (!comm->healthy) {
         return comm_unhealthy_error(comm, name);
     }
-    rg_comm_req_t *req = calloc(1, sizeof(*req));
+    rg_comm_req_t *req = comm->req_cache;
+    if (req != NULL) {
+        comm->req_cache = NULL;
+        memset(req, 0, offsetof(rg_comm_req_t, xfers_inline));
+    } else {
+        req = calloc(1, sizeof(*req));
+    }
     if (req == NULL) {
         return rg_error(RG_ENOMEM, "%s: out of memory", name);
     }
-    if (n_xfers > 0) {
-        req->xfers = calloc((size_t)n_xfers, sizeof(*req->xfers));
-        if (req->xfers == NULL) {
-            free(req);
-            return rg_error(RG_ENOMEM, "%s: out of memory", name);
-        }
+    if (n_xfers > 0 && comm_xfers_alloc(req, n_xfers) == NULL) {
+        free(req);
+        return rg_error(RG_ENOMEM, "%s: out of memory", name);
     }
-    req->n_xfers = n_xfers;
     req->comm = comm;
     req->name = name;
     req->status = RG_INPROGRESS;
@@ -51,9 +53,38 @@ static void comm_req_free_buffers(rg_comm_req_t *req)
     req->acc = NULL;
 }
 
+comm_xfer_t *comm_xfers_alloc(rg_comm_req_t *req, int n)
+{
+    comm_xfer_t *x = req->xfers_inline;
+    if ((size_t)n > RG_ARRAY_SIZE(req->xfers_inline)) {
+        x = calloc((size_t)n, sizeof(*x));
+        if (x == NULL) {
+            return NULL;
+        }
+    } else {
+        memset(x, 0, sizeof(req->xfers_inline));
+    }
+    req->xfers = x;
+    req->n_xfers = n;
+    return x;
+}
+
+void comm_xfers_free(rg_comm_req_t *req)
+{
+    if (req->xfers != req->xfers_inline) {
+        free(req->xfers);
+    }
+    req->xfers = NULL;
+    req->n_xfers = 0;
+}
+
 void comm_req_bury(rg_comm_req_t *req)
 {
     /* Device scratch would need cudaFree after the worker is gone; host only here. */
+    if (req->tmp == req->tmp_inline.bytes) {
+        /* inline scratch only takes single-fragment messages: complete once matched */
+        req->tmp = NULL;
+    }
     if (req->mem == UCS_MEMORY_TYPE_HOST) {
         comm_grave_add(req->comm, req->tmp);
         comm_grave_add(req->comm, req->acc);
@@ -89,7 +120,7 @@ void comm_req_finish(rg_comm_req_t *req, rg_status_t status)
 void comm_req_release(rg_comm_req_t *req)
 {
     comm_req_free_buffers(req);
-    free(req->xfers);
+    comm_xfers_free(req);
     free(req);
 }
 
@@ -170,7 +201,17 @@ rg_status_t comm_req_run(rg_status_t post_status, rg_comm_req_t *req)
         return post_status;
     }
     rg_status_t st = rg_comm_req_wait(req);
-    comm_req_release(req);
+    rg_comm_t *comm = req->comm;
+    if (comm->req_cache == NULL && req->xfers != NULL && req->xfers != req->xfers_inline) {
+        comm_xfers_free(req);
+    }
+    if (comm->req_cache == NULL && (req->xfers == NULL || req->xfers == req->xfers_inline)) {
+        /* blocking calls reuse one request: no allocation on the latency path */
+        comm_req_free_buffers(req);
+        comm->req_cache = req;
+    } else {
+        comm_req_release(req);
+    }
     return st;
 }
 
@@ -195,7 +236,8 @@ rg_status_t comm_check_args(rg_comm_t *comm, const char *name, rg_dtype_t dtype,
     }
     if (opts != NULL && opts->mem_type == RG_MEM_CUDA && !comm_cuda_available()) {
         return rg_error(RG_ENOTSUP,
-                        "%s: CUDA device buffers need a build with CUDA (REGROUP_CUDA)", name);
+                        "%s: CUDA device buffers are not supported here: they need a build with "
+                        "CUDA (REGROUP_CUDA) and a CUDA device", name);
     }
     if (!comm->healthy) {
         return comm_unhealthy_error(comm, name);

@@ -5,8 +5,10 @@
  * every chunk into the same number of segments. Each segment walks the ring on its own: at
  * every step it sends one segment to the right neighbour and receives one from the left; when
  * both are done it reduces what arrived (reduce-scatter steps) and moves to the next step.
- * All segments are in flight at once, so reducing one overlaps the transfer of the others:
- * the pipeline. Every rank reduces each chunk in the same order, so all ranks end with the
+ * A window of segments is in flight at once, so reducing one overlaps the transfer of the
+ * others (the pipeline), while what arrives is reduced soon enough to still be in cache.
+ * The window slides with the lowest unfinished segment; that segment is inside every rank's
+ * window that still needs it, so the ring cannot deadlock. Every rank reduces each chunk in the same order, so all ranks end with the
  * same bits.
  *
  * Step s < rs_steps (reduce-scatter): send chunk r-s+shift, receive chunk r-s-1+shift into
@@ -25,6 +27,8 @@ struct comm_ring {
     int    nseg;
     size_t seg;        /* elements per segment */
     int    n_finished;
+    int    lowest;     /* lowest segment not finished */
+    int    window;     /* segments in flight: lowest .. lowest + window - 1 */
     int   *step;       /* [nseg]: the step each segment is at */
     bool  *posted;     /* [nseg]: that step's transfers are posted */
 };
@@ -129,7 +133,8 @@ static rg_status_t ring_step_done(rg_comm_req_t *req, int j)
 static rg_status_t ring_advance(rg_comm_req_t *req)
 {
     struct comm_ring *ring = req->ring;
-    for (int j = 0; j < ring->nseg; j++) {
+    const int end = RG_MIN(ring->nseg, ring->lowest + ring->window);
+    for (int j = ring->lowest; j < end; j++) {
         /* Bounded: a segment moves at most through all its steps in one pass. */
         for (int guard = 0; guard <= ring->steps && ring->step[j] < ring->steps; guard++) {
             if (!ring->posted[j]) {
@@ -153,6 +158,9 @@ static rg_status_t ring_advance(rg_comm_req_t *req)
                 ring->n_finished++;
             }
         }
+    }
+    while (ring->lowest < ring->nseg && ring->step[ring->lowest] == ring->steps) {
+        ring->lowest++;
     }
     return ring->n_finished == ring->nseg ? RG_OK : RG_INPROGRESS;
 }
@@ -196,8 +204,9 @@ rg_status_t comm_ring_init(rg_comm_req_t *req, const comm_ring_cfg_t *cfg)
     ring->seg = seg;
     ring->step = step;
     ring->posted = posted;
+    ring->window = (int)RG_MAX((size_t)1, req->comm->ring_window);
 
-    free(req->xfers); /* the previous phase's transfers are all done */
+    comm_xfers_free(req); /* the previous phase's transfers are all done */
     comm_buf_free(req, req->tmp);
     req->xfers = xfers;
     req->n_xfers = 2 * nseg;

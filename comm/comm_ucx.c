@@ -15,7 +15,7 @@
 
 /* Whether UCX_TLS lets a shared-memory transport in (setting MM_ERROR_HANDLING otherwise
  * makes UCX warn about an unused setting). */
-static bool comm_tls_has_mm(void)
+bool comm_tls_has_mm(void)
 {
     const char *tls = getenv("UCX_TLS");
     if (tls == NULL || *tls == '\0') {
@@ -36,6 +36,11 @@ static void comm_ucx_config_defaults(ucp_config_t *config, int size)
     static const char *const names[][2] = {
         {"MM_ERROR_HANDLING", "y"},
         {"KEEPALIVE_INTERVAL", "100ms"},
+        /* Eager only: with rendezvous, a receiver's replies queue up toward a peer that died
+         * (its FIFO no longer drains) and UCX 1.13 then aborts on an assertion while purging
+         * them ("got REP message", fixed upstream in openucx/ucx#8175). Over shared memory
+         * in peer-failure mode rendezvous is copied through the same lane anyway. */
+        {"RNDV_THRESH", "inf"},
     };
     char env[64];
     for (size_t i = 0; i < RG_ARRAY_SIZE(names); i++) {
@@ -43,8 +48,11 @@ static void comm_ucx_config_defaults(ucp_config_t *config, int size)
         /* UCX_POSIX_ and UCX_SYSV_ERROR_HANDLING override MM_ for one transport: respect
          * them as the user's choice too. */
         bool user_mm = i == 0 && (getenv("UCX_POSIX_ERROR_HANDLING") != NULL ||
-                                  getenv("UCX_SYSV_ERROR_HANDLING") != NULL || !comm_tls_has_mm());
-        if (getenv(env) == NULL && !user_mm) {
+                                  getenv("UCX_SYSV_ERROR_HANDLING") != NULL);
+        /* Both are about shared memory; over tcp alone, eager-only messages of a failed
+         * group corrupted UCX's heap in our tests, so tcp keeps its rendezvous. */
+        bool mm_only = (i == 0 || i == 2) && !comm_tls_has_mm();
+        if (getenv(env) == NULL && !user_mm && !mm_only) {
             ucs_status_t st = ucp_config_modify(config, names[i][0], names[i][1]);
             if (st != UCS_OK) {
                 rg_debug("ucp_config_modify %s: %s", names[i][0], ucs_status_string(st));
@@ -122,8 +130,60 @@ static void comm_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 static void comm_ctrl_post(rg_comm_t *comm);
 static void comm_ctrl_poll(rg_comm_t *comm);
+static void comm_send_ctrl(rg_comm_t *comm, uint32_t type, int about, void **reqs);
+static void comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms);
 
-rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens)
+/*
+ * Completes the wire-up of every endpoint now: each rank sends a hello to every peer, waits
+ * for every peer's hello and flushes its endpoints. UCX connects lazily otherwise, and in
+ * 1.13 a peer that dies while a wire-up message is still queued on a shared-memory endpoint
+ * trips an assertion inside UCX (ucp_request.c "got REP message"). Connected endpoints are
+ * also all watched by keepalive, so every rank sees a death itself.
+ */
+static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline)
+{
+    const int n = comm->size;
+    void **reqs = comm->scratch_reqs;
+    /* Two rounds: the second one's hellos arrive only after the first round's wire-up
+     * replies and acknowledgements have been processed on both sides. */
+    for (int round = 1; round <= 2; round++) {
+        comm_send_ctrl(comm, COMM_CTRL_HELLO, -1, reqs);
+        comm_wait_reqs(comm, reqs, n, rg_deadline_left_ms(deadline));
+        for (int p = 0; p < n; p++) {
+            reqs[p] = NULL;
+            if (comm->eps[p] != NULL) {
+                ucp_request_param_t param = {0};
+                ucs_status_ptr_t r = ucp_ep_flush_nbx(comm->eps[p], &param);
+                if (UCS_PTR_IS_ERR(r)) {
+                    return rg_error(RG_EUNREACH, "connecting to rank %d: flush: %s", p,
+                                    ucs_status_string(UCS_PTR_STATUS(r)));
+                }
+                reqs[p] = r;
+            }
+        }
+        comm_wait_reqs(comm, reqs, n, rg_deadline_left_ms(deadline));
+        /* Bounded by the deadline: progress until every peer's hello is in. */
+        while (comm->n_hello < round * (n - 1) && !rg_deadline_passed(deadline) &&
+               comm->n_dead == 0) {
+            ucp_worker_progress(comm->worker);
+            comm_ctrl_poll(comm);
+        }
+    }
+    for (int p = 0; p < n; p++) {
+        if (comm->peer_dead[p]) {
+            return rg_error(RG_EPEER, "rank %d failed while the group was connecting: %s", p,
+                            ucs_status_string(comm->peer_status[p]));
+        }
+    }
+    if (comm->n_hello < 2 * (n - 1)) {
+        return rg_error(RG_ETIMEDOUT, "group of %d: only %d of %d peers answered before the "
+                        "deadline", n, comm->n_hello / 2, n - 1);
+    }
+    return RG_OK;
+}
+
+rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
+                             rg_deadline_t deadline)
 {
     for (int p = 0; p < comm->size; p++) {
         if (p == comm->rank) {
@@ -147,7 +207,7 @@ rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *
         }
     }
     comm_ctrl_post(comm);
-    return RG_OK;
+    return comm_ucx_handshake(comm, deadline);
 }
 
 uint64_t comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub)
@@ -159,9 +219,23 @@ uint64_t comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub)
 
 /* ---- transfers ------------------------------------------------------------------------- */
 
+/* Before blaming a peer for a broken transfer: a peer that aborts the group tells us, then
+ * closes its endpoints; take its message first if it is already here. Bounded. */
+static void comm_settle(rg_comm_t *comm)
+{
+    for (int i = 0; i < 64 && comm->healthy; i++) {
+        ucp_worker_progress(comm->worker);
+        comm_ctrl_poll(comm);
+    }
+}
+
 static rg_status_t comm_peer_error(rg_comm_t *comm, int peer, const char *what,
                                    ucs_status_t st)
 {
+    comm_settle(comm);
+    if (!comm->healthy) {
+        return rg_error(comm->fail_status, "%s", comm->fail_msg);
+    }
     return comm_fail(comm, RG_EPEER, peer, true, "%s with rank %d failed: %s", what, peer,
                      ucs_status_string(st));
 }
@@ -433,7 +507,9 @@ void comm_ctrl_handle(rg_comm_t *comm, size_t len)
         rg_warn("ignoring a control message from unknown rank %d", from);
         return;
     }
-    if (type == COMM_CTRL_LEAVE) {
+    if (type == COMM_CTRL_HELLO) {
+        comm->n_hello++;
+    } else if (type == COMM_CTRL_LEAVE) {
         if (!comm->peer_left[from]) {
             comm->peer_left[from] = true;
             comm->n_left++;
@@ -473,6 +549,7 @@ static void comm_check_peers(rg_comm_t *comm)
 {
     if (comm->n_dead > comm->n_dead_seen) {
         comm->n_dead_seen = comm->n_dead;
+        comm_settle(comm);
         for (int p = 0; p < comm->size && comm->healthy; p++) {
             if (comm->peer_dead[p] && !comm->peer_left[p]) {
                 (void)comm_fail(comm, RG_EPEER, p, true, "rank %d failed: %s", p,
@@ -565,7 +642,8 @@ bool comm_progress(rg_comm_t *comm)
         }
         req = next;
     }
-    if (comm->healthy) {
+    /* A clock read every few passes is enough: a pass takes well under a microsecond. */
+    if (comm->healthy && (++comm->passes & 7) == 0) {
         comm_check_deadlines(comm);
     }
     return moved;

@@ -184,7 +184,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
         backoff_ms = RG_MIN(backoff_ms * 2, 20);
     }
     if (st == RG_OK) {
-        st = comm_ucx_connect(comm, addrs, lens);
+        st = comm_ucx_connect(comm, addrs, lens, deadline);
     }
 out:
     comm_ucx_release_address(comm, addr);

@@ -4,6 +4,8 @@
 #include "etcd_server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,17 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Reports "done" to the parent and waits (bounded) until the parent releases everyone. */
+static void child_hold(int report_fd, int release_fd)
+{
+    char b = 1;
+    if (write(report_fd, &b, 1) != 1) {
+        return;
+    }
+    struct pollfd pfd = {.fd = release_fd, .events = POLLIN};
+    (void)poll(&pfd, 1, 30000);
 }
 
 static int child_main(int rank, int n, comm_test_fn fn, void *arg, const comm_test_opts_t *o,
@@ -95,12 +108,29 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
     snprintf(prefix, sizeof(prefix), "/regroup/test-%d-%d/rounds/0/store/comm/", (int)getpid(),
              run_counter++);
     fflush(NULL);
+    int report[2] = {-1, -1};
+    int release[2] = {-1, -1};
+    if (o.hold_count > 0 && (pipe(report) != 0 || pipe(release) != 0)) {
+        perror("pipe");
+        return false;
+    }
+    if (o.hold_count > 0) {
+        fcntl(report[0], F_SETFL, O_NONBLOCK);
+    }
+    int reported = 0;
     pid_t pids[COMM_TEST_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            if (o.hold_count > 0) {
+                close(report[0]);
+                close(release[1]);
+            }
             int rc = child_main(r, n, fn, arg, &o, endpoints, prefix);
             fflush(NULL);
+            if (o.hold_count > 0) {
+                child_hold(report[1], release[0]);
+            }
             _exit(rc);
         }
         if (pids[r] < 0) {
@@ -132,6 +162,15 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
         if (p < 0 && errno != EINTR) {
             break;
         }
+        char buf[COMM_TEST_MAX_RANKS];
+        ssize_t got = o.hold_count > 0 && release[1] >= 0 ? read(report[0], buf, sizeof(buf)) : 0;
+        if (got > 0) {
+            reported += (int)got;
+            if (reported >= o.hold_count) {
+                close(release[1]); /* EOF releases every holding child */
+                release[1] = -1;
+            }
+        }
         bool only_stopped = o.stop_rank >= 0 && left == 1 && pids[o.stop_rank] != 0;
         if (only_stopped || now_s() > deadline) {
             if (!only_stopped) {
@@ -139,6 +178,13 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
                 fprintf(stderr, "comm_run: ranks still running at the deadline: killing\n");
             }
             for (int r = 0; r < n; r++) {
+                if (pids[r] != 0 && !only_stopped && getenv("COMM_TEST_GDB") != NULL) {
+                    char cmd[128];
+                    snprintf(cmd, sizeof(cmd), "gdb -q -batch -p %d -ex 'bt 20' 1>&2", (int)pids[r]);
+                    if (system(cmd) != 0) {
+                        fprintf(stderr, "comm_run: gdb failed\n");
+                    }
+                }
                 if (pids[r] != 0) {
                     kill(pids[r], SIGKILL);
                     waitpid(pids[r], &ws, 0);
@@ -151,6 +197,14 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
         }
         struct timespec nap = {0, 1000000};
         nanosleep(&nap, NULL);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (report[i] >= 0) {
+            close(report[i]);
+        }
+        if (release[i] >= 0) {
+            close(release[i]);
+        }
     }
     for (int r = 0; r < n; r++) {
         if (res->status[r] != 0) {

@@ -6,7 +6,8 @@
  * creates its group with rg_comm_create under a fresh key prefix, calls fn, destroys the group
  * and exits with fn's result (0 = pass). The parent reaps every child as soon as it ends (a
  * dead shared-memory peer left as a zombie is never detected by UCX), and SIGKILLs and reaps
- * any child still running at the deadline. Children report failures on stderr.
+ * any child still running at the deadline (COMM_TEST_GDB=1 prints their stacks first).
+ * Children report failures on stderr.
  */
 #ifndef COMM_TESTLIB_H
 #define COMM_TESTLIB_H
@@ -32,6 +33,8 @@ typedef struct {
     int         timeout_s;    /* whole run; 0 = 120 */
     int         stop_rank;    /* a rank expected to stop itself (SIGSTOP): killed once the
                                  others are done; -1 = none */
+    int         hold_count;   /* > 0: a child whose fn returned waits (its group destroyed)
+                                 until hold_count children have returned, then exits */
 } comm_test_opts_t;
 
 /* Starts the test etcd (once per process) and returns its endpoints, or NULL. */

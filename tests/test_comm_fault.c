@@ -11,6 +11,8 @@
 
 #include "rg_common.h"
 
+#include <unistd.h>
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +82,9 @@ static int fault_rank(rg_comm_t *comm, int rank, int size, void *argp)
     st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, buf, a->count, RG_DTYPE_F32, RG_OP_SUM,
                            &opts);
     double ms = (double)(rg_now_ns() - t0) / 1e6;
-    free(buf);
+    /* buf is not freed: after a failure UCX may still write into the buffers of the failed
+     * operation until the group is destroyed (comm.h), which the harness does after we
+     * return; the process then exits. */
     char want[32];
     /* A timeout names the ranks this one waited on, not necessarily the stopped one. */
     snprintf(want, sizeof(want), a->stop ? "rank" : "rank %d", a->victim);
@@ -112,8 +116,11 @@ static void run_fault(int n, int victim, size_t count, bool stop, int64_t deadli
                       const char *env)
 {
     fault_arg_t a = {.victim = victim, .deadline_ms = deadline_ms, .count = count, .stop = stop,
-                     .post = count >= (1u << 20)};
-    comm_test_opts_t o = {.stop_rank = stop ? victim : -1, .timeout_s = 60, .env = {env, NULL}};
+                     .post = count >= (4u << 20)};
+    /* Survivors stay alive until all of them have checked their result: one that exits
+     * early is a second failure the others could see first. */
+    comm_test_opts_t o = {.stop_rank = stop ? victim : -1, .timeout_s = 60, .env = {env, NULL},
+                          .hold_count = n - 1};
     comm_test_result_t res;
     (void)comm_run(n, fault_rank, &a, &o, &res);
     ck_assert_msg(!res.timed_out, "ranks hung");

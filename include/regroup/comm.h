@@ -15,7 +15,9 @@
  * answering makes it fail with RG_ETIMEDOUT when the deadline passes. rg_last_error() names the
  * peer rank. After any failure of an operation the group is unusable: rg_comm_is_healthy()
  * turns false, every later call fails with RG_EPEER, and the group must be destroyed (this
- * destroys its UCX worker too) and rebuilt in a new round.
+ * destroys its UCX worker too) and rebuilt in a new round. Buffers of a failed operation may
+ * still be written by UCX (a message already being received cannot be stopped) until
+ * rg_comm_destroy returns: free or reuse them only after that.
  *
  * Threads: a group is used by one thread at a time (the caller serialises).
  * Transport: UCX chooses (UCX_TLS overrides). Unless the environment already sets them, the
