@@ -672,6 +672,8 @@ static rg_status_t try_close(rg_rdzv_t *z, int r, node_desc_t *nodes, int n, int
     return RG_OK;
 }
 
+static rg_status_t advance_round(rg_rdzv_t *z, int r);
+
 /* One look at round r: returns RG_OK with *done set when a round including us closed. */
 static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, bool *done,
                              uint64_t *wake_ns)
@@ -714,8 +716,15 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
             *done = true;
             return RG_OK;
         }
-        /* The round runs without us: wait to be let in. */
-        return register_waiting(z);
+        /* The round runs without us: wait to be let in. Below max size, open the next round
+         * ourselves too (after registering, so that the closer expects us), rather than
+         * depend on the running agents noticing the waiting key. */
+        st = register_waiting(z);
+        if (st == RG_OK && out->n_members < z->p.max_nodes) {
+            st = advance_round(z, r);
+            *wake_ns = rg_now_ns();
+        }
+        return st;
     }
     if (z->registered_round != r) {
         st = register_node(z, r);
@@ -918,23 +927,15 @@ rg_status_t rg_rdzv_report_failure(rg_rdzv_t *z, const rg_rdzv_failure_t *f)
     return st;
 }
 
-rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
+/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). */
+static rg_status_t advance_round(rg_rdzv_t *z, int r)
 {
     char key[RDZV_KEY_MAX];
     char cur[32];
     char next[32];
-    int r;
     rg_etcd_txn_t t;
     rg_status_t st;
 
-    z->running = false;
-    st = read_round(z, &r);
-    if (st != RG_OK) {
-        return st;
-    }
-    if (r > z->cur.round) {
-        return RG_OK;   /* someone already moved on */
-    }
     key_of(z, key, "round");
     snprintf(cur, sizeof(cur), "%d", r);
     snprintf(next, sizeof(next), "%d", r + 1);
@@ -950,6 +951,22 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
         rg_etcd_txn_cleanup(&t);
     }
     return st;
+}
+
+rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
+{
+    int r;
+    rg_status_t st;
+
+    z->running = false;
+    st = read_round(z, &r);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (r > z->cur.round) {
+        return RG_OK;   /* someone already moved on */
+    }
+    return advance_round(z, r);
 }
 
 rg_status_t rg_rdzv_done(rg_rdzv_t *z)
