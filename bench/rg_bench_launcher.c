@@ -1,7 +1,8 @@
 /*
  * rg-bench-launcher: the launcher's own cost, side by side with torchrun.
  *
- *   rg-bench-launcher [--reps=N] [--only=regroup|torchrun] [--worker=PATH]
+ *   rg-bench-launcher [--reps=N] [--only=regroup|torchrun] [--scenarios=a,b,...]
+ *                     [--worker=PATH]
  *
  * Workers are a shell script (tests/data/rg_test_worker.sh) that appends
  * "start ROUND RANK WORLD RESTART PID ... UNIX_TIME" to an events file and waits. Each
@@ -43,28 +44,25 @@ static char regroup_bin[512];
 static rg_etcd_server_t etcd;
 static pid_t agents[MAX_AGENTS];
 static int store_port;
+static const char *scenarios;   /* NULL: all */
+
+static bool wanted(const char *name)
+{
+    if (scenarios == NULL) {
+        return true;
+    }
+    size_t n = strlen(name);
+    for (const char *p = strstr(scenarios, name); p != NULL; p = strstr(p + 1, name)) {
+        if ((p == scenarios || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) {
+            return true;
+        }
+    }
+    return false;
+}
 
 static double wall(void)
 {
     return rg_wall_s();
-}
-
-static pid_t spawn(char **argv, const char *log)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
 }
 
 static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, const char *job)
@@ -83,14 +81,14 @@ static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, cons
         char *argv[] = {regroup_bin, nn, np, ep, id,
                         "--rdzv-conf=lease_ttl=2,last_call_timeout=1", "--max-restarts=1000",
                         "--monitor-interval=1", worker, NULL};
-        agents[i] = spawn(argv, log);
+        agents[i] = rg_proc_spawn(argv, log);
     } else {
         snprintf(ep, sizeof(ep), "--rdzv_endpoint=127.0.0.1:%d", store_port);
         char *argv[] = {"torchrun", nn, np, "--rdzv_backend=c10d", ep, id,
                         "--rdzv_conf=last_call_timeout=1", "--monitor_interval=0.1",
                         "--max_restarts=1000", "--redirects=1", "--tee=1", "--no_python",
                         worker, NULL};
-        agents[i] = spawn(argv, log);
+        agents[i] = rg_proc_spawn(argv, log);
     }
 }
 
@@ -104,13 +102,10 @@ static void stop_all(void)
     }
     for (int i = 0; i < MAX_AGENTS; i++) {
         if (agents[i] > 0) {
-            uint64_t until = rg_now_ns() + 15000000000ull;
-            int st;
-            while (waitpid(agents[i], &st, WNOHANG) == 0 && rg_now_ns() < until) {
-                rg_sleep_ms(10);
+            if (rg_proc_wait(agents[i], 15000) < 0) {
+                kill(agents[i], SIGKILL);
+                waitpid(agents[i], NULL, 0);
             }
-            kill(agents[i], SIGKILL);
-            waitpid(agents[i], &st, 0);
             agents[i] = 0;
         }
     }
@@ -367,11 +362,13 @@ int main(int argc, char **argv)
             reps = atoi(argv[i] + 7);
         } else if (strncmp(argv[i], "--only=", 7) == 0) {
             only = argv[i] + 7;
+        } else if (strncmp(argv[i], "--scenarios=", 12) == 0) {
+            scenarios = argv[i] + 12;
         } else if (strncmp(argv[i], "--worker=", 9) == 0) {
             snprintf(worker, sizeof(worker), "%s", argv[i] + 9);
         } else {
             fprintf(stderr, "usage: rg-bench-launcher [--reps=N] [--only=regroup|torchrun] "
-                            "[--worker=PATH]\n");
+                            "[--scenarios=a,b,...] [--worker=PATH]\n");
             return 2;
         }
     }
@@ -398,12 +395,24 @@ int main(int argc, char **argv)
                    "installed (scripts/setup.sh --bench)\"}\n");
             continue;
         }
-        scenario_worker_kill((launcher_t)l, 1, 4, reps);
-        scenario_worker_kill((launcher_t)l, 3, 2, reps);
-        scenario_agent((launcher_t)l, SIGTERM, reps);
-        scenario_agent((launcher_t)l, SIGKILL, RG_MIN(reps, 3));
-        scenario_start8((launcher_t)l, reps);
-        scenario_idle((launcher_t)l);
+        if (wanted("worker_kill_1node")) {
+            scenario_worker_kill((launcher_t)l, 1, 4, reps);
+        }
+        if (wanted("worker_kill_3nodes")) {
+            scenario_worker_kill((launcher_t)l, 3, 2, reps);
+        }
+        if (wanted("agent_sigterm")) {
+            scenario_agent((launcher_t)l, SIGTERM, reps);
+        }
+        if (wanted("agent_sigkill")) {
+            scenario_agent((launcher_t)l, SIGKILL, RG_MIN(reps, 3));
+        }
+        if (wanted("start_8")) {
+            scenario_start8((launcher_t)l, reps);
+        }
+        if (wanted("idle_cpu")) {
+            scenario_idle((launcher_t)l);
+        }
     }
     rg_etcd_server_stop(&etcd);
     char cmd[300];

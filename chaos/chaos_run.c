@@ -15,6 +15,7 @@
 
 #include <regroup/ckpt.h>
 #include <regroup/etcd.h>
+#include <regroup/rdzv.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -123,7 +124,6 @@ static void start_agent(void)
     char ep[700];
     char nn[64];
     int i = n_agent_slots++;
-    pid_t parent = getpid();
 
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.endpoints);
@@ -134,18 +134,7 @@ static void start_agent(void)
                     (char *)opt.exact, "--epochs", "1000000", "--stop-file", stop_file,
                     "--pad-kb", "4096", "--ckpt-every", "4", "--work", "20000", "--dim", "64",
                     NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = rg_proc_spawn(argv, log);
     agents[i] = pid;
     alive[i] = pid > 0;
 }
@@ -809,7 +798,7 @@ int main(int argc, char **argv)
     setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
     setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
     setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("REGROUP_LOG_LEVEL", "warn", 1);
+    setenv("REGROUP_LOG_LEVEL", "warn", 0);
 
     say("chaos: seed %llu, %d faults, %d nodes, scenario %s, run dir %s",
         (unsigned long long)opt.seed, opt.faults, opt.nodes, opt.scenario, dir);
@@ -884,6 +873,12 @@ int main(int argc, char **argv)
             injected, fault_names[kind], r->target, r->recovery_s, (long long)r->committed,
             (long long)r->resumed);
         if (!ok) {
+            /* Where it hung: the job's state as etcd holds it. */
+            say("fault %d did not recover within %d ms; the job's state:", injected,
+                RECOVERY_MAX_MS);
+            if (rg_rdzv_status_print(&ep, "chaos", stdout) != RG_OK) {
+                say("cannot read the job's state: %s", rg_last_error());
+            }
             inv.recovered = false;
         }
         injected++;

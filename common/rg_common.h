@@ -94,6 +94,18 @@ rg_status_t rg_dbuf_append(rg_dbuf_t *b, const void *p, size_t n) RG_NODISCARD; 
 rg_status_t rg_dbuf_printf(rg_dbuf_t *b, const char *fmt, ...) RG_PRINTF(2, 3) RG_NODISCARD;
 void        rg_dbuf_consume(rg_dbuf_t *b, size_t n);          /* drops the first n bytes */
 
+/* ---- child processes ------------------------------------------------------------------- */
+
+#include <sys/types.h>
+
+/* Starts argv[0] (searched in PATH) with stdout and stderr appended to log_path (NULL:
+ * inherited). The child gets PR_SET_PDEATHSIG(SIGKILL): it dies with its parent. Returns the
+ * pid, or -1 if fork failed. Does not block. */
+pid_t rg_proc_spawn(char *const argv[], const char *log_path);
+/* Waits up to timeout_ms for pid to exit and reaps it: its exit status, 128 + the signal
+ * that killed it, or -1 on timeout (the child is left running) or error. */
+int rg_proc_wait(pid_t pid, int64_t timeout_ms);
+
 /* ---- misc ------------------------------------------------------------------------------ */
 
 /* strtoll over a whole string with range check; false on junk. */

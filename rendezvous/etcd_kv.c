@@ -216,29 +216,52 @@ static rg_status_t parse_delete(const json_t *r, rg_etcd_delete_t *res)
     return parse_kvs(json_object_get(r, "prev_kvs"), &res->prev_kvs, &res->n_prev);
 }
 
-/* ---- plain calls ------------------------------------------------------------------------ */
+/* ---- plain calls: each is one op, sent on its own ------------------------------------ */
 
-rg_status_t rg_etcd_range(rg_etcd_t *client, const rg_etcd_range_req_t *req,
-                          rg_etcd_deadline_t deadline, rg_etcd_range_t *res)
+static json_t *op_body(const rg_etcd_op_t *op, rg_status_t *st);
+static rg_status_t parse_op_body(const json_t *r, rg_etcd_op_type_t type,
+                                 rg_etcd_op_result_t *out);
+static void op_result_cleanup(rg_etcd_op_result_t *r);
+
+static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_etcd_deadline_t deadline,
+                           rg_etcd_op_result_t *out)
 {
+    static const char *const paths[] = {"/v3/kv/range", "/v3/kv/put", "/v3/kv/deleterange"};
     json_t *body;
     json_t *reply = NULL;
     rg_status_t st;
 
-    if (client == NULL || req == NULL || res == NULL) {
-        return rg_error(RG_EINVAL, "etcd range: NULL argument");
+    if (client == NULL) {
+        return rg_error(RG_EINVAL, "etcd %s: NULL client", paths[op->type]);
     }
-    body = range_body(req, &st);
+    body = op_body(op, &st);
     if (body == NULL) {
         return st;
     }
-    st = etcd_client_call(client, "/v3/kv/range", body, deadline, &reply);
+    st = etcd_client_call(client, paths[op->type], body, deadline, &reply);
     json_decref(body);
     if (st != RG_OK) {
         return st;
     }
-    st = parse_range(reply, res);
+    st = parse_op_body(reply, op->type, out);
     json_decref(reply);
+    return st;
+}
+
+rg_status_t rg_etcd_range(rg_etcd_t *client, const rg_etcd_range_req_t *req,
+                          rg_etcd_deadline_t deadline, rg_etcd_range_t *res)
+{
+    rg_etcd_op_result_t out;
+    rg_status_t st;
+
+    if (req == NULL || res == NULL) {
+        return rg_error(RG_EINVAL, "etcd range: NULL argument");
+    }
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_RANGE, .u.range = *req};
+    st = kv_call(client, &op, deadline, &out);
+    if (st == RG_OK) {
+        *res = out.u.range;
+    }
     return st;
 }
 
@@ -286,31 +309,18 @@ rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_etcd_deadline_t d
 rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
                         rg_etcd_deadline_t deadline, rg_etcd_put_t *res)
 {
-    json_t *body;
-    json_t *reply = NULL;
-    rg_etcd_put_t tmp;
+    rg_etcd_op_result_t out;
     rg_status_t st;
 
-    if (client == NULL || req == NULL) {
+    if (req == NULL) {
         return rg_error(RG_EINVAL, "etcd put: NULL argument");
     }
-    body = put_body(req, &st);
-    if (body == NULL) {
-        return st;
-    }
-    st = etcd_client_call(client, "/v3/kv/put", body, deadline, &reply);
-    json_decref(body);
-    if (st != RG_OK) {
-        return st;
-    }
-    st = parse_put(reply, &tmp);
-    json_decref(reply);
-    if (st == RG_OK) {
-        if (res != NULL) {
-            *res = tmp;
-        } else {
-            rg_etcd_put_cleanup(&tmp);
-        }
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT, .u.put = *req};
+    st = kv_call(client, &op, deadline, &out);
+    if (st == RG_OK && res != NULL) {
+        *res = out.u.put;
+    } else if (st == RG_OK) {
+        op_result_cleanup(&out);
     }
     return st;
 }
@@ -342,31 +352,18 @@ void rg_etcd_put_cleanup(rg_etcd_put_t *res)
 rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
                            rg_etcd_deadline_t deadline, rg_etcd_delete_t *res)
 {
-    json_t *body;
-    json_t *reply = NULL;
-    rg_etcd_delete_t tmp;
+    rg_etcd_op_result_t out;
     rg_status_t st;
 
-    if (client == NULL || req == NULL) {
+    if (req == NULL) {
         return rg_error(RG_EINVAL, "etcd delete: NULL argument");
     }
-    body = delete_body(req, &st);
-    if (body == NULL) {
-        return st;
-    }
-    st = etcd_client_call(client, "/v3/kv/deleterange", body, deadline, &reply);
-    json_decref(body);
-    if (st != RG_OK) {
-        return st;
-    }
-    st = parse_delete(reply, &tmp);
-    json_decref(reply);
-    if (st == RG_OK) {
-        if (res != NULL) {
-            *res = tmp;
-        } else {
-            rg_etcd_delete_cleanup(&tmp);
-        }
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_DELETE, .u.del = *req};
+    st = kv_call(client, &op, deadline, &out);
+    if (st == RG_OK && res != NULL) {
+        *res = out.u.del;
+    } else if (st == RG_OK) {
+        op_result_cleanup(&out);
     }
     return st;
 }
@@ -424,32 +421,26 @@ static json_t *cmp_json(const rg_etcd_cmp_t *c, rg_status_t *st)
     return j;
 }
 
-static json_t *op_json(const rg_etcd_op_t *op, rg_status_t *st)
+static json_t *op_body(const rg_etcd_op_t *op, rg_status_t *st)
 {
-    json_t *inner;
-    const char *name;
-
     switch (op->type) {
     case RG_ETCD_OP_RANGE:
-        inner = range_body(&op->u.range, st);
-        name = "request_range";
-        break;
+        return range_body(&op->u.range, st);
     case RG_ETCD_OP_PUT:
-        inner = put_body(&op->u.put, st);
-        name = "request_put";
-        break;
+        return put_body(&op->u.put, st);
     case RG_ETCD_OP_DELETE:
-        inner = delete_body(&op->u.del, st);
-        name = "request_delete_range";
-        break;
-    default:
-        *st = rg_error(RG_EINVAL, "etcd: txn op of unknown type %d", (int)op->type);
-        return NULL;
+        return delete_body(&op->u.del, st);
     }
-    if (inner == NULL) {
-        return NULL;
-    }
-    return json_pack("{s:o}", name, inner);
+    *st = rg_error(RG_EINVAL, "etcd: op of unknown type %d", (int)op->type);
+    return NULL;
+}
+
+static json_t *op_json(const rg_etcd_op_t *op, rg_status_t *st)
+{
+    static const char *const names[] = {"request_range", "request_put",
+                                        "request_delete_range"};
+    json_t *inner = op_body(op, st);
+    return inner ? json_pack("{s:o}", names[op->type], inner) : NULL;
 }
 
 static rg_status_t add_ops(json_t *body, const char *name, const rg_etcd_op_t *ops, size_t n)
@@ -472,17 +463,10 @@ static rg_status_t add_ops(json_t *body, const char *name, const rg_etcd_op_t *o
     return RG_OK;
 }
 
-static rg_status_t parse_op_result(const json_t *j, rg_etcd_op_type_t expect,
-                                   rg_etcd_op_result_t *r)
+static rg_status_t parse_op_body(const json_t *inner, rg_etcd_op_type_t expect,
+                                 rg_etcd_op_result_t *r)
 {
-    static const char *const names[] = {"response_range", "response_put",
-                                        "response_delete_range"};
-    const json_t *inner = json_object_get(j, names[expect]);
-
     r->type = expect;
-    if (inner == NULL) {
-        return rg_error(RG_EPROTO, "etcd: txn response lacks %s", names[expect]);
-    }
     switch (expect) {
     case RG_ETCD_OP_RANGE:
         return parse_range(inner, &r->u.range);
@@ -491,7 +475,19 @@ static rg_status_t parse_op_result(const json_t *j, rg_etcd_op_type_t expect,
     case RG_ETCD_OP_DELETE:
         return parse_delete(inner, &r->u.del);
     }
-    return rg_error(RG_EPROTO, "etcd: txn response of unknown type");
+    return rg_error(RG_EPROTO, "etcd: response of unknown type");
+}
+
+static rg_status_t parse_op_result(const json_t *j, rg_etcd_op_type_t expect,
+                                   rg_etcd_op_result_t *r)
+{
+    static const char *const names[] = {"response_range", "response_put",
+                                        "response_delete_range"};
+    const json_t *inner = json_object_get(j, names[expect]);
+    if (inner == NULL) {
+        return rg_error(RG_EPROTO, "etcd: txn response lacks %s", names[expect]);
+    }
+    return parse_op_body(inner, expect, r);
 }
 
 static void op_result_cleanup(rg_etcd_op_result_t *r)

@@ -116,29 +116,6 @@ static int split_args(char *s, char **argv, int max)
     return n;
 }
 
-static pid_t spawn(char **argv, const char *log_path)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-
-    if (pid != 0) {
-        return pid;
-    }
-    /* Dies with the test process, even if the test crashes. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) {
-        _exit(127);
-    }
-    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-    }
-    execvp(argv[0], argv);
-    _exit(127);
-}
-
 static int start_member(rg_etcd_server_t *e, int i, const char *state)
 {
     char cmd[4096];
@@ -167,7 +144,7 @@ static int start_member(rg_etcd_server_t *e, int i, const char *state)
              e->peer_port[i], e->peer_port[i], cluster, state, e->extra);
     snprintf(log_path, sizeof(log_path), "%s/%s.log", e->root, e->name[i]);
     split_args(cmd, argv, MAX_ARGS);
-    e->pid[i] = spawn(argv, log_path);
+    e->pid[i] = rg_proc_spawn(argv, log_path);
     return e->pid[i] > 0 ? 0 : -1;
 }
 
@@ -350,7 +327,7 @@ int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args)
     snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s %s", e->endpoints, args);
     snprintf(log_path, sizeof(log_path), "%s/etcdctl.log", e->root);
     split_args(cmd, argv, MAX_ARGS);
-    pid = spawn(argv, log_path);
+    pid = rg_proc_spawn(argv, log_path);
     if (pid < 0 || waitpid(pid, &st, 0) != pid) {
         return -1;
     }

@@ -22,6 +22,7 @@
 #define WATCH_MAX_QUEUE       (1u << 20)   /* events queued before the watch gives up */
 #define WATCH_BACKOFF_MIN_MS  20
 #define WATCH_BACKOFF_MAX_MS  500
+#define WATCH_CONFIRM_MS      3000   /* a stream must say "created" within this */
 
 struct rg_etcd_watch {
     etcd_conn_t     conn;          /* endpoints, auth and TLS; used only by the thread */
@@ -289,7 +290,15 @@ static void run_stream(rg_etcd_watch_t *w, CURL *easy, size_t i)
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
     curl_multi_add_handle(w->multi, easy);
+    uint64_t confirm_by = rg_now_ns() + WATCH_CONFIRM_MS * 1000000ull;
     while (running && !watch_stopping(w)) {
+        if (!w->connected && rg_now_ns() > confirm_by) {
+            /* A member that takes the connection but never confirms the watch (still
+             * starting, or cut off) must not hold it: try the next one. */
+            rg_info("watch on %s: %s did not confirm within %d ms; trying the next endpoint",
+                    w->key, w->conn.urls[i], WATCH_CONFIRM_MS);
+            break;
+        }
         CURLMcode mc = curl_multi_perform(w->multi, &running);
         if (mc != CURLM_OK) {
             rg_warn("watch: curl_multi_perform: %s", curl_multi_strerror(mc));

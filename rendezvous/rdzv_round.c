@@ -23,6 +23,7 @@
 #define RDZV_KEY_MAX        512
 #define RDZV_BACK_ROUNDS    16     /* how far back to look for the last closed round */
 #define RDZV_RETRY_MS       200
+#define RDZV_VERIFY_MS      1000
 
 struct rg_rdzv {
     rg_rdzv_params_t p;
@@ -46,6 +47,7 @@ struct rg_rdzv {
     int              registered_round;
     bool             waiting;
     bool             verify;                /* read the state at the next check */
+    uint64_t         verified_ns;           /* when check last read the state */
 };
 
 /* ---- small helpers -------------------------------------------------------------------- */
@@ -778,6 +780,7 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         }
         /* Sleep until an event, the cancel fd, the last-call time or the deadline. */
         uint64_t until = wake_ns ? RG_MIN(wake_ns, deadline) : deadline;
+        until = RG_MIN(until, rg_now_ns() + RDZV_VERIFY_MS * 1000000ull);
         int64_t ms = until > rg_now_ns() ? (int64_t)((until - rg_now_ns() + 999999) / 1000000) : 0;
         struct pollfd pfd[2] = {{.fd = z->epfd, .events = POLLIN},
                                 {.fd = cancel_fd, .events = POLLIN}};
@@ -823,10 +826,14 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
         *change = RG_RDZV_LEASE_LOST;
         return RG_OK;
     }
-    if (!drain_events(z) && !z->verify) {
+    /* Events say when to look; a look at least every RDZV_VERIFY_MS bounds the damage of an
+     * event that never arrives (one small read per second). */
+    if (!drain_events(z) && !z->verify &&
+        rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
         return RG_OK;
     }
     z->verify = false;
+    z->verified_ns = rg_now_ns();
     if (!z->running) {
         return RG_OK;
     }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds regroup twice (plain, and with ASan+UBSan) and runs every
-# test through ctest in both builds. Exits non-zero if anything fails.
-#   REGROUP_JOBS=N   parallel build jobs (default: number of cores)
+# test through ctest in both builds, then the fuzz targets for a bounded time and the quick
+# chaos suite. Exits non-zero if anything fails.
+#   REGROUP_JOBS=N            parallel build jobs (default: number of cores)
+#   REGROUP_FUZZ_SECONDS=N    seconds per fuzz target (default 30)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,6 +22,12 @@ for variant in plain sanitize; do
         status=1
     fi
 done
+
+# The parsers of outside input, fuzzed for a bounded time (seconds per target).
+echo "== fuzz =="
+if ! bash scripts/fuzz.sh "${REGROUP_FUZZ_SECONDS:-30}"; then
+    status=1
+fi
 
 # The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed.
 echo "== chaos (quick) =="

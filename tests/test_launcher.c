@@ -68,7 +68,6 @@ static pid_t start_agent(int i, ...)
     char log[300];
     int n = 0;
     va_list ap;
-    pid_t parent = getpid();
 
     argv[n++] = REGROUP_BIN;
     va_start(ap, i);
@@ -79,19 +78,9 @@ static pid_t start_agent(int i, ...)
     argv[n++] = WORKER;
     argv[n] = NULL;
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("REGROUP_LOG_LEVEL", "info", 1);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    pid_t pid = rg_proc_spawn(argv, log);
+    unsetenv("REGROUP_LOG_LEVEL");
     ck_assert_int_gt(pid, 0);
     agents[i] = pid;
     return pid;
@@ -155,22 +144,14 @@ static int wait_starts(int from, int count, int world, int restart, int timeout_
 
 static int wait_exit(pid_t pid, int timeout_ms)
 {
-    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int st;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            for (int i = 0; i < MAX_AGENTS; i++) {
-                if (agents[i] == pid) {
-                    agents[i] = 0;
-                }
-            }
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int rc = rg_proc_wait(pid, timeout_ms);
+    ck_assert_msg(rc >= 0, "pid %d did not exit within %d ms", (int)pid, timeout_ms);
+    for (int i = 0; i < MAX_AGENTS; i++) {
+        if (agents[i] == pid) {
+            agents[i] = 0;
         }
-        ck_assert_msg(rg_now_ns() < until, "pid %d did not exit within %d ms", (int)pid,
-                      timeout_ms);
-        rg_sleep_ms(10);
     }
+    return rc;
 }
 
 static bool pid_gone(pid_t pid, int timeout_ms)

@@ -50,37 +50,21 @@ static void teardown(void)
 static pid_t spawn(const char *name, char *const argv[])
 {
     char log[400];
-    pid_t parent = getpid();
     snprintf(log, sizeof(log), "%s/%s.log", dir, name);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) {
-            _exit(127);
-        }
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = rg_proc_spawn(argv, log);
     ck_assert_int_gt(pid, 0);
     return pid;
 }
 
 static int wait_exit(pid_t pid, int timeout_ms)
 {
-    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int st;
-    while (waitpid(pid, &st, WNOHANG) != pid) {
-        if (rg_now_ns() > until) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            ck_abort_msg("pid %d did not finish within %d ms", (int)pid, timeout_ms);
-        }
-        rg_sleep_ms(10);
+    int rc = rg_proc_wait(pid, timeout_ms);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ck_abort_msg("pid %d did not finish within %d ms", (int)pid, timeout_ms);
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return rc;
 }
 
 static bool log_has(const char *name, const char *text)

@@ -1,8 +1,7 @@
 /*
  * libFuzzer target for the IDX reader: each input is written to a temporary file and read
  * both as an images file (with a valid labels file) and as a labels file, plain and gzip'd
- * inputs alike (zlib decides). Build with -DREGROUP_FUZZ=ON and clang, then:
- *   build-fuzz/tests/fuzz_data_idx -max_total_time=60 tests/data
+ * inputs alike (zlib decides). scripts/fuzz.sh builds and runs it.
  * The reader must return a status, never crash, leak or read out of bounds.
  */
 #include <regroup/data.h>
