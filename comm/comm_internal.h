@@ -163,6 +163,22 @@ rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_p
 rg_status_t comm_unhealthy_error(const rg_comm_t *comm, const char *what);
 
 void        comm_ctrl_handle(rg_comm_t *comm, size_t len);
+
+/* ---- comm_health.c --------------------------------------------------------------------- */
+
+#define COMM_CLOSE_WAIT_MS 200
+#define COMM_ABORT_WAIT_MS 20
+
+/* Posts the wildcard control receive; polls it (handles a message, reposts). */
+void        comm_ctrl_post(rg_comm_t *comm);
+void        comm_ctrl_poll(rg_comm_t *comm);
+/* Sends a control message to every live peer; reqs[size] gets the UCX requests. */
+void        comm_send_ctrl(rg_comm_t *comm, uint32_t type, int about, void **reqs);
+/* Progresses until the requests are done or ms passed, then frees them. */
+void        comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms);
+void        comm_close_eps(rg_comm_t *comm, bool force, int64_t wait_ms);
+/* Takes control messages already here (bounded), before a peer is blamed for an error. */
+void        comm_settle(rg_comm_t *comm);
 void        comm_grave_add(rg_comm_t *comm, void *p);
 
 uint64_t    comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub);

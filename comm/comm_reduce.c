@@ -38,8 +38,10 @@ static inline float f16_to_f32(uint16_t h)
     const float normalized = f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
     /* subnormals: put the mantissa below 0.5's exponent and subtract 0.5 */
     const float denormalized = f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+    /* a mask instead of a branch, so that loops over f16 vectorize */
+    const uint32_t is_denorm = 0u - (uint32_t)(two_w < (1u << 27));
     const uint32_t result =
-        sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized));
+        sign | (f32_bits(denormalized) & is_denorm) | (f32_bits(normalized) & ~is_denorm);
     return f32_from_bits(result);
 }
 
@@ -53,15 +55,14 @@ static inline uint16_t f32_to_f16(float f)
     const uint32_t shl1_w = w + w;
     const uint32_t sign = w & 0x80000000u;
     uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u) {
-        bias = 0x71000000u;
-    }
+    bias = bias < 0x71000000u ? 0x71000000u : bias;
     base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
     const uint32_t bits = f32_bits(base);
     const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
     const uint32_t mantissa_bits = bits & 0x00000FFFu;
     const uint32_t nonsign = exp_bits + mantissa_bits;
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+    const uint32_t is_nan = 0u - (uint32_t)(shl1_w > 0xFF000000u);
+    return (uint16_t)((sign >> 16) | (0x7E00u & is_nan) | (nonsign & ~is_nan));
 }
 
 static inline float bf16_to_f32(uint16_t h)

@@ -23,7 +23,11 @@
  * Transport: UCX chooses (UCX_TLS overrides). Unless the environment already sets them, the
  * group enables shared-memory peer-failure detection (UCX_MM_ERROR_HANDLING=y), UCP keepalive
  * every 100 ms and UCX_KEEPALIVE_NUM_EPS >= peers, so ranks on one host use shared memory and a
- * dead peer is found within about 100 ms. UCX_TLS=tcp works too.
+ * dead peer is found within about 100 ms; with shared memory allowed it also sends eagerly
+ * only (UCX_RNDV_THRESH=inf), which avoids a UCX 1.13 abort when a peer dies mid-rendezvous.
+ * UCX_TLS=tcp works too (a dead peer is seen in a few ms). Ring tuning: see
+ * REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW in
+ * docs/benchmarks.md.
  *
  * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
  * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA), otherwise
