@@ -34,6 +34,11 @@ static bool commit_have_record(const ckpt_commit_args_t *a, uint32_t r, ckpt_sha
     }
     if (ckpt_record_parse(buf, len, &rec) != RG_OK) {
         ckpt_fmt(why, why_cap, "%s: %s", path, rg_last_error());
+    } else if (a->attempt != 0 && rec.attempt != a->attempt) {
+        /* Left by an earlier attempt of the job at this step: this rank's record is still
+         * to come (it removes the old one when its save starts). */
+        ckpt_fmt(why, why_cap, "%s is from attempt %" PRIu64 ", not %" PRIu64, path,
+                 rec.attempt, a->attempt);
     } else if (rec.step != a->step || rec.rank != r || rec.world_size != a->world_size) {
         ckpt_fmt(why, why_cap, "%s is for step %" PRId64 " rank %" PRIu32 " of %" PRIu32,
                  path, rec.step, rec.rank, rec.world_size);
@@ -204,4 +209,16 @@ rg_status_t rg_ckpt_cleanup(const char *root, size_t *removed_p)
         *removed_p = removed;
     }
     return st;
+}
+
+rg_status_t rg_ckpt_remove(const char *root, int64_t step)
+{
+    char dir[CKPT_PATH_MAX];
+
+    if (root == NULL || step < 0 || ckpt_step_dir(dir, sizeof(dir), root, step) != 0) {
+        return rg_error(RG_EINVAL, "rg_ckpt_remove: need a root and a step >= 0");
+    }
+    /* The MANIFEST goes first (and durably): the step stops existing before its files go. */
+    rg_info("checkpoint: removing step %" PRId64 " on request", step);
+    return ckpt_remove_step_dir(dir);
 }

@@ -497,9 +497,10 @@ err_free:
 rg_status_t ckpt_record_encode(const ckpt_record_t *r, rg_dbuf_t *out)
 {
     rg_status_t st = rg_dbuf_printf(out, "regroup-shard %u\nstep %" PRId64 "\nrank %" PRIu32
-                                    "\nworld_size %" PRIu32 "\nsize %" PRIu64
-                                    "\nchecksum 0x%08" PRIx32 "\n", CKPT_VERSION, r->step,
-                                    r->rank, r->world_size, r->sum.size, r->sum.checksum);
+                                    "\nworld_size %" PRIu32 "\nattempt %" PRIu64
+                                    "\nsize %" PRIu64 "\nchecksum 0x%08" PRIx32 "\n",
+                                    CKPT_VERSION, r->step, r->rank, r->world_size, r->attempt,
+                                    r->sum.size, r->sum.checksum);
     return st == RG_OK ? text_end(out) : st;
 }
 
@@ -521,8 +522,17 @@ rg_status_t ckpt_record_parse(const char *buf, size_t len, ckpt_record_t *r)
     }
     if (!text_key_u64(buf, len, &pos, "step", INT64_MAX, &step) ||
         !text_key_u64(buf, len, &pos, "rank", RG_CKPT_MAX_WORLD, &rank) ||
-        !text_key_u64(buf, len, &pos, "world_size", RG_CKPT_MAX_WORLD, &world) ||
-        !text_key_u64(buf, len, &pos, "size", INT64_MAX, &size) ||
+        !text_key_u64(buf, len, &pos, "world_size", RG_CKPT_MAX_WORLD, &world)) {
+        return rg_error(RG_ECORRUPT, "shard record: malformed");
+    }
+    /* "attempt" is optional: records written without a tag have none. */
+    size_t before = pos;
+    uint64_t attempt = 0;
+    if (!text_key_u64(buf, len, &pos, "attempt", UINT64_MAX, &attempt)) {
+        pos = before;
+        attempt = 0;
+    }
+    if (!text_key_u64(buf, len, &pos, "size", INT64_MAX, &size) ||
         !text_next_line(buf, len, &pos, line) || text_fields(line, f, 3) != 2 ||
         strcmp(f[0], "checksum") != 0 || !text_hex32(f[1], &sum) || rank >= world) {
         return rg_error(RG_ECORRUPT, "shard record: malformed");
@@ -533,6 +543,7 @@ rg_status_t ckpt_record_parse(const char *buf, size_t len, ckpt_record_t *r)
     r->step = (int64_t)step;
     r->rank = (uint32_t)rank;
     r->world_size = (uint32_t)world;
+    r->attempt = attempt;
     r->sum.size = size;
     r->sum.checksum = sum;
     return RG_OK;

@@ -155,6 +155,7 @@ typedef struct {
     int64_t          step;
     uint32_t         rank;
     uint32_t         world_size;
+    uint64_t         attempt;  /* the saver's tag (0 = none); see rg_ckpt_params_t */
     ckpt_shard_sum_t sum;
 } ckpt_record_t;
 

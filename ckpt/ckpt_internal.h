@@ -47,6 +47,7 @@ struct rg_ckpt {
     uint64_t    keep_every;
     int64_t     commit_timeout_ms;
     int64_t     busy_timeout_ms;
+    uint64_t    attempt;
     rg_etcd_t  *etcd;
 
     uint8_t    *staging;
@@ -94,6 +95,7 @@ typedef struct {
     const char *job;
     unsigned    keep_last;
     uint64_t    keep_every;
+    uint64_t    attempt;       /* only records with this tag count (0: any) */
 } ckpt_commit_args_t;
 
 /* Waits for every shard record, writes the MANIFEST, records the step in etcd, removes

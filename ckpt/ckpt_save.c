@@ -141,6 +141,7 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
     ck->keep_every = p->keep_every;
     ck->commit_timeout_ms = p->commit_timeout_ms ? p->commit_timeout_ms : 120000;
     ck->busy_timeout_ms = p->busy_timeout_ms ? p->busy_timeout_ms : 600000;
+    ck->attempt = p->attempt;
     ck->etcd = p->etcd;
     pthread_mutex_init(&ck->mu, NULL);
     pthread_cond_init(&ck->work_cv, NULL);

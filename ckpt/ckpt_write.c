@@ -192,7 +192,7 @@ rg_status_t ckpt_save_run(rg_ckpt_t *ck)
     char rec[CKPT_PATH_MAX];
     char rec_name[64];
     ckpt_record_t record = {.step = ck->step, .rank = (uint32_t)ck->rank,
-                            .world_size = (uint32_t)ck->world_size};
+                            .world_size = (uint32_t)ck->world_size, .attempt = ck->attempt};
     rg_dbuf_t text;
     rg_status_t st;
 
@@ -231,6 +231,6 @@ rg_status_t ckpt_save_run(rg_ckpt_t *ck)
                                .world_size = (uint32_t)ck->world_size,
                                .timeout_ms = ck->commit_timeout_ms, .etcd = ck->etcd,
                                .job = ck->job, .keep_last = ck->keep_last,
-                               .keep_every = ck->keep_every};
+                               .keep_every = ck->keep_every, .attempt = ck->attempt};
     return ckpt_commit(&args);
 }

@@ -424,6 +424,59 @@ START_TEST(test_skip_if_busy_and_commit_timeout)
 }
 END_TEST
 
+/* Regression (found by the chaos soak): rank 0 of a new attempt at a step must not commit
+ * with another rank's record left by an earlier attempt at the same step, whose shard that
+ * rank is about to replace. */
+START_TEST(test_stale_record_of_earlier_attempt)
+{
+    rg_ckpt_params_t p1 = {.root = root, .rank = 1, .world_size = 2, .attempt = 1};
+    rg_ckpt_params_t p0 = {.root = root, .rank = 0, .world_size = 2, .attempt = 2,
+                           .commit_timeout_ms = 500};
+    rg_ckpt_t *ck1;
+    rg_ckpt_t *ck0;
+    rg_ckpt_save_t *sv;
+    int64_t *steps;
+    size_t n;
+
+    /* Attempt 1: rank 1 wrote its shard and record of step 7, then the job restarted. */
+    ck_assert_int_eq(rg_ckpt_create(&p1, &ck1), RG_OK);
+    ck_assert_int_eq(save_model(ck1, 1, 2, 7, 0, &sv), RG_OK);
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_OK);
+    rg_ckpt_save_release(sv);
+    rg_ckpt_destroy(ck1);
+    /* Attempt 2: rank 0 saves step 7 first; rank 1's old record must not count. */
+    ck_assert_int_eq(rg_ckpt_create(&p0, &ck0), RG_OK);
+    ck_assert_int_eq(save_model(ck0, 0, 2, 7, 1, &sv), RG_OK);
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_ETIMEDOUT);
+    ck_assert_msg(strstr(rg_ckpt_save_error(sv), "1 of 2 shards") != NULL, "%s",
+                  rg_ckpt_save_error(sv));
+    rg_ckpt_save_release(sv);
+    ck_assert_int_eq(rg_ckpt_list(root, &steps, &n), RG_OK);
+    ck_assert_uint_eq(n, 0);
+    free(steps);
+    /* With rank 1's record of attempt 2 there, the step commits. */
+    p1.attempt = 2;
+    ck_assert_int_eq(rg_ckpt_create(&p1, &ck1), RG_OK);
+    ck_assert_int_eq(save_model(ck1, 1, 2, 7, 1, &sv), RG_OK);
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_OK);
+    rg_ckpt_save_release(sv);
+    rg_ckpt_destroy(ck1);
+    p0.commit_timeout_ms = 30000;
+    rg_ckpt_destroy(ck0);
+    ck_assert_int_eq(rg_ckpt_create(&p0, &ck0), RG_OK);
+    ck_assert_int_eq(save_model(ck0, 0, 2, 7, 1, &sv), RG_OK);
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_OK);
+    rg_ckpt_save_release(sv);
+    rg_ckpt_destroy(ck0);
+    check_load_as(0, 1, 7, 1);
+    /* A committed step that cannot be used can be removed, then saved again. */
+    ck_assert_int_eq(rg_ckpt_remove(root, 7), RG_OK);
+    ck_assert_int_eq(rg_ckpt_list(root, &steps, &n), RG_OK);
+    ck_assert_uint_eq(n, 0);
+    free(steps);
+}
+END_TEST
+
 START_TEST(test_bad_arguments)
 {
     rg_ckpt_params_t params = {.root = root, .rank = 0, .world_size = 1};
@@ -631,6 +684,7 @@ int main(void)
     tcase_add_test(tc, test_manifest_mismatch);
     tcase_add_test(tc, test_retention);
     tcase_add_test(tc, test_skip_if_busy_and_commit_timeout);
+    tcase_add_test(tc, test_stale_record_of_earlier_attempt);
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_write_error_surfaces_on_handle);
     tcase_add_test(tc, test_commit_recorded_in_etcd);

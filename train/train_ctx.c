@@ -132,7 +132,8 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
         rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
                                .world_size = ctx->world, .staging_bytes = params->staging_bytes,
                                .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
-                               .commit_timeout_ms = commit_ms};
+                               .commit_timeout_ms = commit_ms,
+                               .attempt = (uint64_t)ctx->round + 1};
         st = rg_ckpt_create(&cp, &ctx->ckpt);
         if (st != RG_OK) {
             goto err;
@@ -315,6 +316,13 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     }
     st = rg_ckpt_save(ctx->ckpt, report->step, t, n_save, 0, &ctx->save);
     free(t);
+    if (st == RG_EEXIST) {
+        /* An earlier attempt of the job committed this very step (the steps since the
+         * checkpoint it resumed from are replayed exactly): nothing to add. */
+        rg_info("checkpoint step %lld is already committed", (long long)report->step);
+        ctx->save = NULL;
+        return prev != RG_OK ? prev : RG_OK;
+    }
     if (st != RG_OK) {
         ctx->save = NULL;
         return st;
@@ -360,6 +368,28 @@ rg_status_t rg_get_checkpoint(rg_train_ctx_t *ctx, int64_t *step_p)
     }
     *step_p = step;
     return RG_OK;
+}
+
+/* Removes committed steps newer than the one every rank just restored: they could not be
+ * restored by every rank, and must not stand in the way of saving those steps again. */
+static void remove_newer(rg_train_ctx_t *ctx, int64_t step)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(ctx->ckpt_root, &steps, &n) != RG_OK) {
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i] > step) {
+            rg_warn("removing checkpoint step %lld: not every rank could restore it",
+                    (long long)steps[i]);
+            if (rg_ckpt_remove(ctx->ckpt_root, steps[i]) != RG_OK) {
+                rg_warn("cannot remove checkpoint step %lld: %s", (long long)steps[i],
+                        rg_last_error());
+            }
+        }
+    }
+    free(steps);
 }
 
 /* The newest committed step older than `step`, or -1 (decided by rank 0, shared). */
@@ -421,6 +451,9 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
         }
         if (ok == 1) {
             free(all);
+            if (ctx->rank == 0) {
+                remove_newer(ctx, step);
+            }
             cursor->seed = (uint64_t)saved[0];
             cursor->epoch = (uint64_t)saved[1];
             cursor->step = (uint64_t)saved[2];

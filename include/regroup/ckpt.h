@@ -63,6 +63,10 @@ typedef struct {
     int64_t     commit_timeout_ms; /* rank 0's wait for all shard records; 0 = 120000 */
     int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight;
                                       0 = 600000 */
+    uint64_t    attempt;       /* tag of this run of the job, the same on every rank (the
+                                  worker API uses the round + 1): a commit counts only shard
+                                  records with this tag, never a leftover of an earlier
+                                  attempt at the same step. 0 = untagged, any record counts */
     rg_etcd_t  *etcd;          /* optional (NULL = files only): not owned, must outlive */
     const char *job;           /* job id for the etcd key /regroup/<job>/ckpt/latest */
 } rg_ckpt_params_t;
@@ -134,6 +138,11 @@ rg_status_t rg_ckpt_list(const char *root, int64_t **steps_p, size_t *n_p) RG_CK
 /* Removes step directories without a MANIFEST (uncommitted leftovers) and stray temp files.
  * Call it only while no rank is saving (e.g. before workers start). *removed_p may be NULL. */
 rg_status_t rg_ckpt_cleanup(const char *root, size_t *removed_p) RG_CKPT_NODISCARD;
+
+/* Removes step `step` (committed or not): its MANIFEST first, durably, so that it stops
+ * existing before its files go. For a step that cannot be restored, so that the step can be
+ * saved again. Errors: RG_EINVAL, file-system errors. Blocks on disk. */
+rg_status_t rg_ckpt_remove(const char *root, int64_t step) RG_CKPT_NODISCARD;
 
 /* ---- loading --------------------------------------------------------------------------- */
 
