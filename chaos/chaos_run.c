@@ -147,6 +147,12 @@ static int reap_agents(int *bad_status)
         int st;
         if (alive[i] && waitpid(agents[i], &st, WNOHANG) == agents[i]) {
             alive[i] = false;
+            if (WIFSIGNALED(st)) {
+                say("agent %d (pid %d) ended by signal %d", i, (int)agents[i], WTERMSIG(st));
+            } else {
+                say("agent %d (pid %d) exited with status %d", i, (int)agents[i],
+                    WEXITSTATUS(st));
+            }
             if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
                 bad++;
                 if (bad_status) {
@@ -822,6 +828,7 @@ int main(int argc, char **argv)
     }
     int injected = 0;
     while (injected < opt.faults && inv.recovered && rg_wall_s() - t_start < deadline_s - 60) {
+        reap_agents(NULL);   /* choose among agents that are really alive */
         fault_t kind = choose();
         if (kind == F_DISK_FULL && !tmpfs_mounted) {
             kind = F_WORKER_KILL;
