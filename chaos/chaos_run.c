@@ -55,6 +55,7 @@ typedef struct {
     int64_t step_before;     /* last reported step when the fault struck */
     int64_t resumed;         /* step the next round restored, -1 if none */
     char    target[64];
+    pid_t   agent_pid;       /* agent-kill, preempt: the agent hit */
     bool    lost_work;
 } fault_rec_t;
 
@@ -461,6 +462,7 @@ static void inject(fault_t kind, fault_rec_t *r)
     case F_PREEMPT:
         a = pick_agent();
         if (a >= 0) {
+            r->agent_pid = agents[a];
             kill(agents[a], kind == F_AGENT_KILL ? SIGKILL : SIGTERM);
             snprintf(r->target, sizeof(r->target), "agent %d (pid %d)", a, (int)agents[a]);
         }
@@ -499,6 +501,23 @@ static void inject(fault_t kind, fault_rec_t *r)
     case F_COUNT:
         break;
     }
+}
+
+/* Whether the agent with this pid is a member of round r (agent ids are host-pid-random). */
+static bool is_member(int r, pid_t pid)
+{
+    char key[128];
+    char needle[32];
+    char *v;
+    size_t len;
+    bool member = true;   /* when in doubt, expect the round to end */
+    snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
+    snprintf(needle, sizeof(needle), "-%d-", (int)pid);
+    if (rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK) {
+        member = strstr(v, needle) != NULL;
+        free(v);
+    }
+    return member;
 }
 
 /* Faults that end the running round (all but the etcd ones). */
@@ -854,8 +873,13 @@ int main(int argc, char **argv)
         r->t_inject = rg_wall_s();
         inject(kind, r);
         progress_t after;
-        bool ok = wait_progress(r->t_inject, ends_round(kind) ? r->round_before + 1 : 0,
-                                RECOVERY_MAX_MS, &after);
+        /* An agent that was not a member of the running round (it was still stopping its
+         * workers, or waiting to be let in) can go without the round ending. */
+        bool ends = ends_round(kind) &&
+                    !((kind == F_AGENT_KILL || kind == F_PREEMPT) && r->agent_pid > 0 &&
+                      !is_member(r->round_before, r->agent_pid));
+        bool ok = wait_progress(r->t_inject, ends ? r->round_before + 1 : 0, RECOVERY_MAX_MS,
+                                &after);
         r->recovery_s = ok ? after.time - r->t_inject : -1;
         if (kind == F_ETCD_MEMBER || kind == F_ETCD_LEADER) {
             for (int m = 0; m < etcd.n; m++) {
@@ -866,7 +890,7 @@ int main(int argc, char **argv)
         }
         int rr;
         int64_t rs;
-        if (ok && ends_round(kind) && read_restored(&rr, &rs) && rr > r->round_before) {
+        if (ok && ends && read_restored(&rr, &rs) && rr > r->round_before) {
             r->resumed = rs;
             /* A round may resume from before the checkpoint committed when the fault struck
              * only if that checkpoint was corrupted on purpose. */
