@@ -503,21 +503,27 @@ static void inject(fault_t kind, fault_rec_t *r)
     }
 }
 
-/* Whether the agent with this pid is a member of round r (agent ids are host-pid-random). */
-static bool is_member(int r, pid_t pid)
+/* The newest round from `from` on (a few rounds ahead: the fault may strike while a round
+ * closes) whose members include the agent with this pid (agent ids are host-pid-random), or
+ * -1 if none does. */
+static int member_round(int from, pid_t pid)
 {
-    char key[128];
     char needle[32];
-    char *v;
-    size_t len;
-    bool member = true;   /* when in doubt, expect the round to end */
-    snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
+    int found = -1;
     snprintf(needle, sizeof(needle), "-%d-", (int)pid);
-    if (rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK) {
-        member = strstr(v, needle) != NULL;
-        free(v);
+    for (int r = from; r <= from + 3; r++) {
+        char key[128];
+        char *v;
+        size_t len;
+        snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
+        if (rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK) {
+            if (strstr(v, needle) != NULL) {
+                found = r;
+            }
+            free(v);
+        }
     }
-    return member;
+    return found;
 }
 
 /* Faults that end the running round (all but the etcd ones). */
@@ -874,12 +880,26 @@ int main(int argc, char **argv)
         inject(kind, r);
         progress_t after;
         /* An agent that was not a member of the running round (it was still stopping its
-         * workers, or waiting to be let in) can go without the round ending. */
-        bool ends = ends_round(kind) &&
-                    !((kind == F_AGENT_KILL || kind == F_PREEMPT) && r->agent_pid > 0 &&
-                      !is_member(r->round_before, r->agent_pid));
-        bool ok = wait_progress(r->t_inject, ends ? r->round_before + 1 : 0, RECOVERY_MAX_MS,
-                                &after);
+         * workers, or waiting to be let in) can go without the round ending; one that was a
+         * member ends the newest round it was in. */
+        bool ends = ends_round(kind);
+        int min_round = r->round_before + 1;
+        if (ends && (kind == F_AGENT_KILL || kind == F_PREEMPT) && r->agent_pid > 0) {
+            int mr = member_round(r->round_before, r->agent_pid);
+            ends = mr >= 0;
+            min_round = mr + 1;
+        }
+        bool ok = wait_progress(r->t_inject, ends ? min_round : 0, RECOVERY_MAX_MS, &after);
+        if (r->agent_pid > 0) {
+            /* The next fault is chosen among the agents left: wait for this one to go. */
+            for (int a = 0; a < n_agent_slots; a++) {
+                if (agents[a] == r->agent_pid && alive[a]) {
+                    int rc = rg_proc_wait(agents[a], 30000);
+                    alive[a] = false;
+                    say("agent %d (pid %d) ended: %d", a, (int)agents[a], rc);
+                }
+            }
+        }
         r->recovery_s = ok ? after.time - r->t_inject : -1;
         if (kind == F_ETCD_MEMBER || kind == F_ETCD_LEADER) {
             for (int m = 0; m < etcd.n; m++) {
