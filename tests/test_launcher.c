@@ -4,6 +4,7 @@
  */
 #include "etcd_server.h"
 #include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <errno.h>
@@ -188,16 +189,8 @@ static void stop_workers(void)
 static bool log_contains(int i, const char *text)
 {
     char path[300];
-    static char buf[1 << 20];
     snprintf(path, sizeof(path), "%s/agent%d.log", dir, i);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return false;
-    }
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return strstr(buf, text) != NULL;
+    return test_file_contains(path, text);
 }
 
 #define EP "--rdzv-endpoint", srv.endpoints, "--rdzv-id", "job1"
@@ -349,19 +342,6 @@ START_TEST(test_standalone_leaves_nothing)
 }
 END_TEST
 
-static bool file_has(const char *path, const char *text)
-{
-    char buf[4096];
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return false;
-    }
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return strstr(buf, text) != NULL;
-}
-
 START_TEST(test_log_dir_tee_and_redirects)
 {
     char logdir[300];
@@ -376,13 +356,13 @@ START_TEST(test_log_dir_tee_and_redirects)
     ck_assert_int_eq(wait_exit(pid, 20000), 0);
     ck_assert(log_contains(0, "[rank 1]: rank 1 done"));
     snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
-    ck_assert_msg(file_has(path, "rank 1 done"), "%s", path);
+    ck_assert_msg(test_file_contains(path, "rank 1 done"), "%s", path);
     /* --redirects: to the files only. */
     pid = start_agent(1, "--standalone", "--nproc-per-node=1", arg, "--redirects=1", NULL);
     ck_assert_int_eq(wait_exit(pid, 20000), 0);
     ck_assert(!log_contains(1, "rank 0 done"));
     snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
-    ck_assert(file_has(path, "rank 0 done"));
+    ck_assert(test_file_contains(path, "rank 0 done"));
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     ck_assert_int_eq(system(cmd), 0);

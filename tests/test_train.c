@@ -6,6 +6,7 @@
  */
 #include "etcd_server.h"
 #include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -70,16 +71,8 @@ static int wait_exit(pid_t pid, int timeout_ms)
 static bool log_has(const char *name, const char *text)
 {
     char path[400];
-    static char buf[1 << 20];
     snprintf(path, sizeof(path), "%s/%s.log", dir, name);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return false;
-    }
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return strstr(buf, text) != NULL;
+    return test_file_contains(path, text);
 }
 
 /*
