@@ -186,6 +186,11 @@ static int agent_loop(agent_t *ag)
             rc = 1;
             break;
         }
+        if (asg->job_done) {
+            fprintf(stderr, "regroup: the job finished without this node\n");
+            rc = 0;
+            break;
+        }
         if (asg->job_failed) {
             fprintf(stderr, "regroup: the job failed more than --max-restarts=%d times\n",
                     cfg->max_restarts);

@@ -674,6 +674,27 @@ static rg_status_t try_close(rg_rdzv_t *z, int r, node_desc_t *nodes, int n, int
 
 static rg_status_t advance_round(rg_rdzv_t *z, int r);
 
+/* True if every member of closed round r recorded that its workers finished. */
+static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
+{
+    char key[RDZV_KEY_MAX];
+    rg_etcd_range_t res;
+    rg_etcd_range_req_t rq = {.key = key, .prefix = true, .keys_only = true};
+    bool all = true;
+
+    key_of(z, key, "rounds/%d/done/", r);
+    if (rg_etcd_range(z->etcd, &rq, 0, &res) != RG_OK) {
+        return false;
+    }
+    for (int i = 0; i < a->n_members && all; i++) {
+        char dk[RDZV_KEY_MAX];
+        key_of(z, dk, "rounds/%d/done/%s", r, a->members[i].agent);
+        all = key_exists(&res, dk);
+    }
+    rg_etcd_range_cleanup(&res);
+    return all;
+}
+
 /* One look at round r: returns RG_OK with *done set when a round including us closed. */
 static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, bool *done,
                              uint64_t *wake_ns)
@@ -713,6 +734,12 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
     if (closed) {
         assignment_locate(out, z->agent);
         if (out->group_rank >= 0 || out->job_failed) {
+            *done = true;
+            return RG_OK;
+        }
+        /* A round whose every member finished: the job is over, without us. */
+        if (round_done(z, r, out)) {
+            out->job_done = true;
             *done = true;
             return RG_OK;
         }
@@ -808,7 +835,7 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
             }
         }
     }
-    if (!out->job_failed) {
+    if (!out->job_failed && !out->job_done) {
         z->running = true;
         z->cur = *out;
         z->last_round = out->round;

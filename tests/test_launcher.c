@@ -264,6 +264,26 @@ START_TEST(test_resize_on_node_loss_and_return)
 }
 END_TEST
 
+/* Regression (found by the chaos soak): a node waiting to join a job at its maximum size must
+ * not wait out its join timeout once the job has finished; it ends too, successfully. */
+START_TEST(test_waiting_node_ends_with_the_job)
+{
+    start_agent(0, EP, "--nnodes=1", NULL);
+    wait_starts(0, 1, 1, 0, 20000);
+    start_agent(1, EP, "--nnodes=1", "--rdzv-conf=join_timeout=60", NULL);
+    /* The second node waits (the job is at MAX); then the job's workers finish. */
+    uint64_t until = rg_now_ns() + 20000000000ull;
+    while (!log_contains(1, "waiting to join")) {
+        ck_assert_msg(rg_now_ns() < until, "the second node never waited");
+        rg_sleep_ms(20);
+    }
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
+    ck_assert_int_eq(wait_exit(agents[1], 20000), 0);
+    ck_assert(log_contains(1, "the job finished without this node"));
+}
+END_TEST
+
 START_TEST(test_worker_kill_restarts_then_fails)
 {
     static start_t s[64];
@@ -456,6 +476,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_resize_on_node_loss_and_return);
     tcase_add_test(tc, test_worker_kill_restarts_then_fails);
+    tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
     suite_add_tcase(s, tc);

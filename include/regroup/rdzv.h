@@ -60,6 +60,7 @@ typedef struct {
     int              rank_offset;    /* global rank of this node's local rank 0 */
     int              restart_count;  /* failure restarts so far */
     bool             job_failed;     /* restarts exceeded max_restarts: the job is over */
+    bool             job_done;       /* every member of the last round finished: over */
     char             master_addr[RG_RDZV_ADDR_MAX];
     int              master_port;
     int              n_members;
