@@ -176,6 +176,11 @@ rg_status_t ckpt_pread_all(int fd, void *buf, size_t len, uint64_t off, const ch
 rg_status_t ckpt_fsync_path(const char *path, bool dir);
 rg_status_t ckpt_mkdir(const char *path);      /* one level; EEXIST is success */
 /* Writes dir/name atomically: dir/.name.tmp, fsync, rename, fsync dir. */
+/* Finishes a temp file written through fd (st: how the writing went): fsync (then, with
+ * drop_cache, drops its pages), close, rename to dst, fsync dir. On any failure the temp
+ * file is removed. Returns st or the first error. */
+rg_status_t ckpt_finish_tmp(int fd, rg_status_t st, const char *tmp, const char *dst,
+                            const char *dir, bool drop_cache);
 rg_status_t ckpt_write_file_atomic(const char *dir, const char *name, const void *buf,
                                    size_t len);
 /* Reads a whole small file (at most max bytes) into a malloc'd NUL-terminated buffer. */

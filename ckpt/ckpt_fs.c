@@ -159,12 +159,43 @@ rg_status_t ckpt_mkdir(const char *path)
     return RG_OK;
 }
 
+rg_status_t ckpt_finish_tmp(int fd, rg_status_t st, const char *tmp, const char *dst,
+                            const char *dir, bool drop_cache)
+{
+    int err;
+
+    if (st == RG_OK) {
+        ckpt_fault_point();
+        if (fsync(fd) != 0) {
+            err = errno;
+            st = rg_error(ckpt_errno_status(err), "fsync %s: %s", tmp, strerror(err));
+        } else if (drop_cache) {
+            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);   /* durable: let it go */
+        }
+    }
+    if (close(fd) != 0 && st == RG_OK) {
+        err = errno;
+        st = rg_error(ckpt_errno_status(err), "close %s: %s", tmp, strerror(err));
+    }
+    if (st == RG_OK) {
+        ckpt_fault_point();
+        if (rename(tmp, dst) != 0) {
+            err = errno;
+            st = rg_error(ckpt_errno_status(err), "rename %s: %s", tmp, strerror(err));
+        }
+    }
+    if (st != RG_OK) {
+        unlink(tmp);
+        return st;
+    }
+    return ckpt_fsync_path(dir, true);
+}
+
 rg_status_t ckpt_write_file_atomic(const char *dir, const char *name, const void *buf,
                                    size_t len)
 {
     char tmp[CKPT_PATH_MAX];
     char dst[CKPT_PATH_MAX];
-    rg_status_t st;
     int fd;
     int err;
 
@@ -177,31 +208,7 @@ rg_status_t ckpt_write_file_atomic(const char *dir, const char *name, const void
         err = errno;
         return rg_error(ckpt_errno_status(err), "create %s: %s", tmp, strerror(err));
     }
-    st = ckpt_write_all(fd, buf, len, tmp);
-    if (st == RG_OK) {
-        ckpt_fault_point();
-        if (fsync(fd) != 0) {
-            err = errno;
-            st = rg_error(ckpt_errno_status(err), "fsync %s: %s", tmp, strerror(err));
-        }
-    }
-    if (close(fd) != 0 && st == RG_OK) {
-        err = errno;
-        st = rg_error(ckpt_errno_status(err), "close %s: %s", tmp, strerror(err));
-    }
-    if (st != RG_OK) {
-        goto err_unlink;
-    }
-    ckpt_fault_point();
-    if (rename(tmp, dst) != 0) {
-        err = errno;
-        st = rg_error(ckpt_errno_status(err), "rename %s: %s", tmp, strerror(err));
-        goto err_unlink;
-    }
-    return ckpt_fsync_path(dir, true);
-err_unlink:
-    unlink(tmp);
-    return st;
+    return ckpt_finish_tmp(fd, ckpt_write_all(fd, buf, len, tmp), tmp, dst, dir, false);
 }
 
 rg_status_t ckpt_read_file(const char *path, size_t max, char **buf_p, size_t *len_p)

@@ -150,35 +150,9 @@ static rg_status_t write_shard(rg_ckpt_t *ck, const char *dir, const char *tmp,
     if (st == RG_OK) {
         st = write_index(ck, fd, tmp, off, chunks, sum);
     }
-    if (st == RG_OK) {
-        ckpt_fault_point();
-        if (fsync(fd) != 0) {
-            err = errno;
-            st = rg_error(ckpt_errno_status(err), "fsync %s: %s", tmp, strerror(err));
-        } else {
-            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);   /* durable: let it go */
-        }
-    }
-    if (close(fd) != 0 && st == RG_OK) {
-        err = errno;
-        st = rg_error(ckpt_errno_status(err), "close %s: %s", tmp, strerror(err));
-    }
-    if (st != RG_OK) {
-        goto err_unlink;
-    }
-    ckpt_fault_point();
-    if (rename(tmp, final) != 0) {
-        err = errno;
-        st = rg_error(ckpt_errno_status(err), "rename %s: %s", tmp, strerror(err));
-        goto err_unlink;
-    }
-    st = ckpt_fsync_path(dir, true);
+    st = ckpt_finish_tmp(fd, st, tmp, final, dir, true);
     rg_debug("shard step %" PRId64 ": chunks %.1f ms, index+fsync+rename %.1f ms", ck->step,
              (double)(t1 - t0) * 1e-6, (double)(rg_now_ns() - t1) * 1e-6);
-    free(chunks);
-    return st;
-err_unlink:
-    unlink(tmp);
 err_free:
     free(chunks);
     return st;
