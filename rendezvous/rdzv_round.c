@@ -257,23 +257,31 @@ static bool drain_events(rg_rdzv_t *z)
 
     key_of(z, status_prefix, "status/");
     sp = strlen(status_prefix);
-    while ((st = rg_etcd_watch_next(z->watch, 0, &ev, NULL)) == RG_OK) {
+    /* No watch (a new one could not be made last time): as if it had just ended. */
+    st = z->watch == NULL ? RG_ECANCELED : RG_OK;
+    while (st == RG_OK && (st = rg_etcd_watch_next(z->watch, 0, &ev, NULL)) == RG_OK) {
         if (strncmp(ev.kv.key, status_prefix, sp) != 0) {
             relevant = true;
         }
         rg_etcd_event_cleanup(&ev);
     }
     if (st != RG_ETIMEDOUT) {
-        /* The watch is over (compacted, refused): start a new one from now. State is re-read
-         * after this, so nothing is missed. */
-        rg_warn("rendezvous: job watch ended (%s); watching again", rg_last_error());
-        epoll_ctl(z->epfd, EPOLL_CTL_DEL, rg_etcd_watch_fd(z->watch), NULL);
-        rg_etcd_watch_destroy(z->watch);
-        z->watch = NULL;
+        /* The watch is over (compacted, refused, never made): start a new one from now.
+         * State is re-read after this, and at least every second, so nothing is missed. */
+        if (z->watch != NULL) {
+            rg_warn("rendezvous: job watch ended (%s); watching again", rg_last_error());
+            epoll_ctl(z->epfd, EPOLL_CTL_DEL, rg_etcd_watch_fd(z->watch), NULL);
+            rg_etcd_watch_destroy(z->watch);
+            z->watch = NULL;
+        }
         rg_etcd_watch_req_t wr = {.key = z->prefix, .prefix = true};
         if (rg_etcd_watch_create(&z->p.etcd, &wr, 0, &z->watch) == RG_OK) {
             struct epoll_event e = {.events = EPOLLIN, .data.fd = rg_etcd_watch_fd(z->watch)};
             epoll_ctl(z->epfd, EPOLL_CTL_ADD, e.data.fd, &e);
+        } else {
+            z->watch = NULL;
+            rg_warn("rendezvous: cannot watch the job (%s); reading its state every second",
+                    rg_last_error());
         }
         relevant = true;
     }
