@@ -9,6 +9,11 @@
  * exactly right, every retained checkpoint verifies, no round resumed from before the last
  * checkpoint committed when its fault struck, no process of the run is left, and nothing
  * exceeded its time bound. See chaos/run --help.
+ *
+ * With the partition fault, the runner moves into a network namespace of its own, where etcd
+ * serves on a bridge; every agent runs in a namespace of its own linked to that bridge by a
+ * veth pair, and its workers talk UCX over tcp on it. A partition takes one node's link down
+ * for a few seconds and brings it up again; the node must then rejoin.
  */
 #include "etcd_server.h"
 #include "rg_common.h"
@@ -28,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -39,12 +45,12 @@
 
 typedef enum {
     F_WORKER_KILL, F_WORKER_HANG, F_AGENT_KILL, F_PREEMPT, F_NODE_JOIN, F_ETCD_MEMBER,
-    F_ETCD_LEADER, F_CKPT_KILL, F_CORRUPT, F_DISK_FULL, F_COUNT
+    F_ETCD_LEADER, F_PARTITION, F_CKPT_KILL, F_CORRUPT, F_DISK_FULL, F_COUNT
 } fault_t;
 
 static const char *const fault_names[F_COUNT] = {
     "worker-kill", "worker-hang", "agent-kill", "preempt", "node-join", "etcd-member",
-    "etcd-leader", "ckpt-kill", "corrupt-shard", "disk-full"};
+    "etcd-leader", "partition", "ckpt-kill", "corrupt-shard", "disk-full"};
 
 typedef struct {
     fault_t kind;
@@ -55,7 +61,8 @@ typedef struct {
     int64_t step_before;     /* last reported step when the fault struck */
     int64_t resumed;         /* step the next round restored, -1 if none */
     char    target[64];
-    pid_t   agent_pid;       /* agent-kill, preempt: the agent hit */
+    pid_t   agent_pid;       /* agent-kill, preempt, partition: the agent hit */
+    double  rejoin_s;        /* partition: from the link coming back to the node in a round */
     bool    lost_work;
 } fault_rec_t;
 
@@ -86,6 +93,18 @@ static bool tmpfs_mounted;
 static uint64_t rng;
 static int64_t corrupted_steps[MAX_FAULTS];
 static int n_corrupted;
+
+/* Network namespaces (the partition fault). */
+#define NET_BRIDGE "rgc-br"
+#define NET_PREFIX "10.213.0."
+static bool netns_mode;
+static char ns_path[MAX_NODES * 4][96];
+static struct {
+    bool   on;
+    int    slot;
+    double heal_at;
+    double healed_at;
+} cut;
 
 static uint64_t next_rand(void)
 {
@@ -119,23 +138,120 @@ static int alive_agents(void)
     return n;
 }
 
+/* Runs a shell command line (ip, in the runner's network namespace), its output appended to
+ * the run dir's net.log; returns its exit status. */
+static int sh(const char *fmt, ...) RG_PRINTF(1, 2);
+static int sh(const char *fmt, ...)
+{
+    char cmd[600];
+    char line[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    snprintf(line, sizeof(line), "%s >>%s/net.log 2>&1", cmd, dir);
+    int st = system(line);
+    return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Moves the runner into a new network namespace with loopback and a bridge, where etcd will
+ * serve; false (and back in the original namespace) if this machine does not allow it. */
+static bool net_setup(void)
+{
+    int self = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (self < 0 || unshare(CLONE_NEWNET) != 0) {
+        say("cannot make a network namespace (%s): the partition fault is skipped",
+            strerror(errno));
+        if (self >= 0) {
+            close(self);
+        }
+        return false;
+    }
+    bool ok = sh("ip link set lo up") == 0 && sh("ip link add " NET_BRIDGE " type bridge") == 0 &&
+              sh("ip addr add " NET_PREFIX "1/24 dev " NET_BRIDGE) == 0 &&
+              sh("ip link set " NET_BRIDGE " up") == 0;
+    if (!ok) {
+        say("cannot set up the namespaces' network (see %s/net.log): the partition fault is "
+            "skipped", dir);
+        if (setns(self, CLONE_NEWNET) != 0) {
+            say("cannot go back to the original network namespace: %s", strerror(errno));
+        }
+    }
+    close(self);
+    return ok;
+}
+
+/* A node's namespace: veth0 (NET_PREFIX 10+i) inside, its peer rgc-h<i> on the bridge. */
+static bool node_ns_make(int i)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "rgc-%d-%d", (int)getpid(), i);
+    snprintf(ns_path[i], sizeof(ns_path[i]), "/var/run/netns/%s", name);
+    return sh("ip netns add %s", name) == 0 &&
+           sh("ip link add rgc-h%d type veth peer name veth0 netns %s", i, name) == 0 &&
+           sh("ip link set rgc-h%d master " NET_BRIDGE " up", i) == 0 &&
+           sh("ip -n %s addr add " NET_PREFIX "%d/24 dev veth0", name, 10 + i) == 0 &&
+           sh("ip -n %s link set veth0 up", name) == 0 && sh("ip -n %s link set lo up", name) == 0;
+}
+
+/* Removes the nodes' namespaces as `ip netns del` does (async-signal-safe); a namespace lives
+ * on until its last process is gone, then its veth pair goes with it. */
+static void net_cleanup(void)
+{
+    for (int i = 0; i < MAX_NODES * 4; i++) {
+        if (ns_path[i][0]) {
+            umount2(ns_path[i], MNT_DETACH);
+            unlink(ns_path[i]);
+            ns_path[i][0] = '\0';
+        }
+    }
+}
+
+/* Ends the partition once its time is up (or now). */
+static void heal(bool now)
+{
+    if (cut.on && (now || rg_wall_s() >= cut.heal_at)) {
+        if (sh("ip link set rgc-h%d up", cut.slot) != 0) {
+            say("cannot bring the link of agent %d back up", cut.slot);
+        }
+        cut.on = false;
+        cut.healed_at = rg_wall_s();
+    }
+}
+
 static void start_agent(void)
 {
     char log[400];
     char ep[700];
     char nn[64];
+    char net[120];
+    char addr[64];
     int i = n_agent_slots++;
 
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.endpoints);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", netns_mode ? etcd.endpoints_also
+                                                               : etcd.endpoints);
     snprintf(nn, sizeof(nn), "--nnodes=%d:%d", opt.nodes > 2 ? opt.nodes - 1 : 1, opt.nodes);
-    char *argv[] = {(char *)opt.regroup, ep, "--rdzv-id=chaos", nn, "--nproc-per-node=1",
-                    "--max-restarts=100000", "--grace-period=1",
+    snprintf(addr, sizeof(addr), "--local-addr=%s%d", netns_mode ? NET_PREFIX : "127.0.0.",
+             netns_mode ? 10 + i : 1);
+    char *argv[] = {"ip", "netns", "exec", net, (char *)opt.regroup, ep, "--rdzv-id=chaos", nn,
+                    "--nproc-per-node=1", addr, "--max-restarts=100000", "--grace-period=1",
                     "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120",
                     (char *)opt.exact, "--epochs", "1000000", "--stop-file", stop_file,
                     "--pad-kb", "4096", "--ckpt-every", "4", "--work", "20000", "--dim", "64",
                     NULL};
-    pid_t pid = rg_proc_spawn(argv, log);
+    agents[i] = -1;
+    if (netns_mode) {
+        if (!node_ns_make(i)) {
+            say("cannot make the network namespace of agent %d (see %s/net.log)", i, dir);
+            alive[i] = false;
+            return;
+        }
+        snprintf(net, sizeof(net), "%s", strrchr(ns_path[i], '/') + 1);
+    }
+    /* ip netns exec, unlike nsenter, also mounts a /sys of the namespace: UCX finds its
+     * network devices there. */
+    pid_t pid = rg_proc_spawn(netns_mode ? argv : argv + 4, log);
     agents[i] = pid;
     alive[i] = pid > 0;
 }
@@ -308,6 +424,7 @@ static bool wait_progress(double after, int min_round, int timeout_ms, progress_
     uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (rg_now_ns() < until) {
         progress_t p;
+        heal(false);
         if (read_progress(&p) && p.time > after && p.round >= min_round) {
             *out = p;
             return true;
@@ -467,6 +584,23 @@ static void inject(fault_t kind, fault_rec_t *r)
             snprintf(r->target, sizeof(r->target), "agent %d (pid %d)", a, (int)agents[a]);
         }
         break;
+    case F_PARTITION:
+        a = pick_agent();
+        if (a >= 0) {
+            /* Longer than the lease TTL (2 s): the node is lost, and must rejoin. */
+            int hold = 3 + (int)(next_rand() % 4);
+            r->agent_pid = agents[a];
+            if (sh("ip link set rgc-h%d down", a) == 0) {
+                cut.on = true;
+                cut.slot = a;
+                cut.heal_at = rg_wall_s() + hold;
+            } else {
+                say("cannot take the link of agent %d down", a);
+            }
+            snprintf(r->target, sizeof(r->target), "agent %d (pid %d) cut off %d s", a,
+                     (int)agents[a], hold);
+        }
+        break;
     case F_NODE_JOIN:
         start_agent();
         snprintf(r->target, sizeof(r->target), "agent %d", n_agent_slots - 1);
@@ -503,27 +637,54 @@ static void inject(fault_t kind, fault_rec_t *r)
     }
 }
 
-/* The newest round from `from` on (a few rounds ahead: the fault may strike while a round
- * closes) whose members include the agent with this pid (agent ids are host-pid-random), or
- * -1 if none does. */
-static int member_round(int from, pid_t pid)
+/* Whether round r closed with the agent of this pid among its members (agent ids are
+ * host-pid-random). */
+static bool in_round(int r, pid_t pid)
 {
     char needle[32];
-    int found = -1;
+    char key[128];
+    char *v;
+    size_t len;
+    bool found = false;
     snprintf(needle, sizeof(needle), "-%d-", (int)pid);
+    snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
+    if (rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK) {
+        found = strstr(v, needle) != NULL;
+        free(v);
+    }
+    return found;
+}
+
+/* The newest round from `from` on (a few rounds ahead: the fault may strike while a round
+ * closes) whose members include the agent with this pid, or -1 if none does. */
+static int member_round(int from, pid_t pid)
+{
+    int found = -1;
     for (int r = from; r <= from + 3; r++) {
-        char key[128];
-        char *v;
-        size_t len;
-        snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
-        if (rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK) {
-            if (strstr(v, needle) != NULL) {
-                found = r;
-            }
-            free(v);
+        if (in_round(r, pid)) {
+            found = r;
         }
     }
     return found;
+}
+
+/* After a partition: seconds from the link coming back until the job makes progress in a
+ * round the cut-off node is a member of, or -1 (timeout, or the node's agent ended). */
+static double wait_rejoin(int slot, int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (rg_now_ns() < until) {
+        progress_t p;
+        reap_agents(NULL);
+        if (!alive[slot]) {
+            return -1;
+        }
+        if (read_progress(&p) && p.time > cut.healed_at && in_round(p.round, agents[slot])) {
+            return p.time - cut.healed_at;
+        }
+        rg_sleep_ms(5);
+    }
+    return -1;
 }
 
 /* Faults that end the running round (all but the etcd ones). */
@@ -568,7 +729,8 @@ static fault_t choose(void)
     /* Keep the job within its size: a node cannot be lost at MIN nor join at MAX. Then the
      * opposite fault comes first, and the one drawn stays due. */
     int min_nodes = opt.nodes > 2 ? opt.nodes - 1 : 1;
-    if ((k == F_AGENT_KILL || k == F_PREEMPT) && alive_agents() <= min_nodes) {
+    if ((k == F_AGENT_KILL || k == F_PREEMPT || k == F_PARTITION) &&
+        alive_agents() <= min_nodes) {
         return F_NODE_JOIN;
     }
     if (k == F_NODE_JOIN && alive_agents() >= opt.nodes) {
@@ -622,10 +784,14 @@ static void write_report(const invariants_t *inv, double wall_s)
         for (int i = 0; i < n_recs; i++) {
             const fault_rec_t *r = &recs[i];
             fprintf(f, "%s{\"kind\":\"%s\",\"target\":\"%s\",\"recovery_s\":%.4f,"
-                    "\"committed_at_injection\":%lld,\"resumed_step\":%lld,\"steps_redone\":%lld}",
+                    "\"committed_at_injection\":%lld,\"resumed_step\":%lld,\"steps_redone\":%lld",
                     i ? "," : "", fault_names[r->kind], r->target, r->recovery_s,
                     (long long)r->committed, (long long)r->resumed,
                     (long long)(r->resumed >= 0 ? RG_MAX(0, r->step_before - r->resumed) : 0));
+            if (r->kind == F_PARTITION) {
+                fprintf(f, ",\"rejoin_s\":%.4f", r->rejoin_s);
+            }
+            fprintf(f, "}");
         }
         fprintf(f, "],\"by_kind\":{");
     }
@@ -681,6 +847,7 @@ static void on_signal(int sig)
     if (tmpfs_mounted) {
         umount2(ckpt_dir, MNT_DETACH);
     }
+    net_cleanup();
     _exit(128 + sig);
 }
 
@@ -801,8 +968,9 @@ int main(int argc, char **argv)
         return usage("RG_CHAOS_REGROUP and RG_CHAOS_EXACT must name the regroup and rg-exact "
                      "binaries (chaos/run sets them)");
     }
-    if (opt.quick && opt.faults < 12) {
-        opt.faults = 12;
+    /* Quick: every kind once, and room for the faults that keep the job within its size. */
+    if (opt.quick && opt.faults < 16) {
+        opt.faults = 16;
     }
     rng = opt.seed;
     double t_start = rg_wall_s();
@@ -828,13 +996,20 @@ int main(int argc, char **argv)
     setenv("REGROUP_CKPT_KEEP", "3", 1);
     setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
     setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
     setenv("REGROUP_LOG_LEVEL", "warn", 0);
+    if (kind_enabled(F_PARTITION)) {
+        netns_mode = net_setup();
+    }
+    /* Workers in namespaces of their own reach each other over tcp on their veth only. */
+    setenv("UCX_NET_DEVICES", netns_mode ? "veth0" : "lo", 1);
+    if (netns_mode) {
+        setenv("UCX_TLS", "tcp", 1);
+    }
 
     say("chaos: seed %llu, %d faults, %d nodes, scenario %s, run dir %s",
         (unsigned long long)opt.seed, opt.faults, opt.nodes, opt.scenario, dir);
-    if (rg_etcd_server_cluster_start(&etcd, 3, "--heartbeat-interval=50 --election-timeout=500")
-        != 0) {
+    if (rg_etcd_server_cluster_start_at(&etcd, 3, "--heartbeat-interval=50 --election-timeout=500",
+                                        netns_mode ? NET_PREFIX "1" : NULL) != 0) {
         say("cannot start etcd: %s", rg_last_error());
         return 1;
     }
@@ -855,7 +1030,7 @@ int main(int argc, char **argv)
     while (injected < opt.faults && inv.recovered && rg_wall_s() - t_start < deadline_s - 60) {
         reap_agents(NULL);   /* choose among agents that are really alive */
         fault_t kind = choose();
-        if (kind == F_DISK_FULL && !tmpfs_mounted) {
+        if ((kind == F_DISK_FULL && !tmpfs_mounted) || (kind == F_PARTITION && !netns_mode)) {
             kind = F_WORKER_KILL;
         }
         if (!kind_enabled(kind) && strcmp(opt.scenario, "all") != 0 && kind != F_NODE_JOIN) {
@@ -884,13 +1059,14 @@ int main(int argc, char **argv)
          * member ends the newest round it was in. */
         bool ends = ends_round(kind);
         int min_round = r->round_before + 1;
-        if (ends && (kind == F_AGENT_KILL || kind == F_PREEMPT) && r->agent_pid > 0) {
+        if (ends && (kind == F_AGENT_KILL || kind == F_PREEMPT || kind == F_PARTITION) &&
+            r->agent_pid > 0) {
             int mr = member_round(r->round_before, r->agent_pid);
             ends = mr >= 0;
             min_round = mr + 1;
         }
         bool ok = wait_progress(r->t_inject, ends ? min_round : 0, RECOVERY_MAX_MS, &after);
-        if (r->agent_pid > 0) {
+        if (kind != F_PARTITION && r->agent_pid > 0) {
             /* The next fault is chosen among the agents left: wait for this one to go. */
             for (int a = 0; a < n_agent_slots; a++) {
                 if (agents[a] == r->agent_pid && alive[a]) {
@@ -919,14 +1095,39 @@ int main(int argc, char **argv)
                 inv.no_lost_work = false;
             }
         }
+        bool rejoined = true;
+        if (kind == F_PARTITION && r->agent_pid > 0) {
+            /* The partition lasts its time whether or not the others recovered; then the node
+             * must come back into the job. */
+            for (int k = 0; k < 10000 && cut.on; k++) {
+                heal(false);
+                rg_sleep_ms(1);
+            }
+            heal(true);
+            rejoined = false;
+            for (int a = 0; a < n_agent_slots; a++) {
+                if (agents[a] == r->agent_pid) {
+                    r->rejoin_s = wait_rejoin(a, RECOVERY_MAX_MS);
+                    rejoined = r->rejoin_s >= 0;
+                    if (!rejoined) {
+                        say("agent %d did not rejoin within %d ms of its link coming back", a,
+                            RECOVERY_MAX_MS);
+                    }
+                }
+            }
+        }
         reap_agents(NULL);
-        say("fault %2d %-13s %-32s recovered in %7.3f s (committed %lld, resumed %lld)",
+        char back[64] = "";
+        if (kind == F_PARTITION) {
+            snprintf(back, sizeof(back), ", node back in %.3f s", r->rejoin_s);
+        }
+        say("fault %2d %-13s %-32s recovered in %7.3f s (committed %lld, resumed %lld)%s",
             injected, fault_names[kind], r->target, r->recovery_s, (long long)r->committed,
-            (long long)r->resumed);
-        if (!ok) {
+            (long long)r->resumed, back);
+        if (!ok || !rejoined) {
             /* Where it hung: the job's state as etcd holds it. */
-            say("fault %d did not recover within %d ms; the job's state:", injected,
-                RECOVERY_MAX_MS);
+            say("fault %d did not recover%s within %d ms; the job's state:", injected,
+                ok ? " (the node cut off did not rejoin)" : "", RECOVERY_MAX_MS);
             if (rg_rdzv_status_print(&ep, "chaos", stdout) != RG_OK) {
                 say("cannot read the job's state: %s", rg_last_error());
             }
@@ -934,6 +1135,7 @@ int main(int argc, char **argv)
         }
         injected++;
     }
+    heal(true);
     /* Finish: the job ends at the next epoch boundary. */
     int fd = open(stop_file, O_WRONLY | O_CREAT, 0644);
     if (fd >= 0) {
@@ -1004,10 +1206,23 @@ int main(int argc, char **argv)
         say("only %d faults injected", injected);
         inv.recovered = false;
     }
+    for (int k = 0; opt.quick && k < F_COUNT; k++) {
+        bool possible = kind_enabled((fault_t)k) && (k != F_DISK_FULL || tmpfs_mounted) &&
+                        (k != F_PARTITION || netns_mode);
+        int count = 0;
+        for (int i = 0; i < n_recs; i++) {
+            count += recs[i].kind == (fault_t)k;
+        }
+        if (possible && count == 0) {
+            say("quick run: no %s fault was injected", fault_names[k]);
+            inv.recovered = false;
+        }
+    }
     write_report(&inv, wall);
     if (tmpfs_mounted) {
         umount2(ckpt_dir, MNT_DETACH);
     }
+    net_cleanup();
     if (getenv("RG_CHAOS_KEEP") == NULL) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

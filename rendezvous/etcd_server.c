@@ -129,18 +129,22 @@ static int start_member(rg_etcd_server_t *e, int i, const char *state)
                  e->name[j], e->peer_port[j]);
     }
     char tls[600] = "";
+    char also[160] = "";
     const char *scheme = e->cert[0] ? "https" : "http";
     if (e->cert[0]) {
         snprintf(tls, sizeof(tls), "--cert-file %s --key-file %s", e->cert, e->key);
     }
+    if (e->also_host[0]) {
+        snprintf(also, sizeof(also), ",%s://%s:%d", scheme, e->also_host, e->client_port[i]);
+    }
     snprintf(cmd, sizeof(cmd),
              "etcd --name %s --data-dir %s/%s.data %s "
-             "--listen-client-urls %s://127.0.0.1:%d --advertise-client-urls %s://127.0.0.1:%d "
+             "--listen-client-urls %s://127.0.0.1:%d%s --advertise-client-urls %s://127.0.0.1:%d%s "
              "--listen-peer-urls http://127.0.0.1:%d --initial-advertise-peer-urls "
              "http://127.0.0.1:%d --initial-cluster %s --initial-cluster-state %s "
              "--initial-cluster-token rgtest --logger zap --log-level warn %s",
-             e->name[i], e->root, e->name[i], tls, scheme, e->client_port[i], scheme,
-             e->client_port[i],
+             e->name[i], e->root, e->name[i], tls, scheme, e->client_port[i], also, scheme,
+             e->client_port[i], also,
              e->peer_port[i], e->peer_port[i], cluster, state, e->extra);
     snprintf(log_path, sizeof(log_path), "%s/%s.log", e->root, e->name[i]);
     split_args(cmd, argv, MAX_ARGS);
@@ -183,9 +187,10 @@ static bool port_open(int port, int timeout_ms)
 }
 
 static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *cert,
-                     const char *key)
+                     const char *key, const char *also_host)
 {
     memset(e, 0, sizeof(*e));
+    snprintf(e->also_host, sizeof(e->also_host), "%s", also_host ? also_host : "");
     snprintf(e->cert, sizeof(e->cert), "%s", cert ? cert : "");
     snprintf(e->key, sizeof(e->key), "%s", key ? key : "");
     e->n = n;
@@ -204,6 +209,11 @@ static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *
                  e->client_port[i]);
         size_t l = strlen(e->endpoints);
         snprintf(e->endpoints + l, sizeof(e->endpoints) - l, "%s%s", i ? "," : "", e->url[i]);
+        if (e->also_host[0]) {
+            l = strlen(e->endpoints_also);
+            snprintf(e->endpoints_also + l, sizeof(e->endpoints_also) - l, "%shttp://%s:%d",
+                     i ? "," : "", e->also_host, e->client_port[i]);
+        }
     }
     for (int i = 0; i < n; i++) {
         if (start_member(e, i, "new") != 0) {
@@ -228,7 +238,7 @@ fail:
 int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key)
 {
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, NULL, cert, key) == 0) {
+        if (start_all(e, 1, NULL, cert, key, NULL) == 0) {
             return 0;
         }
     }
@@ -239,7 +249,7 @@ int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags)
 {
     /* A port picked free can be taken before etcd binds it: try a few times. */
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, extra_flags, NULL, NULL) == 0) {
+        if (start_all(e, 1, extra_flags, NULL, NULL, NULL) == 0) {
             return 0;
         }
     }
@@ -248,11 +258,17 @@ int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags)
 
 int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags)
 {
+    return rg_etcd_server_cluster_start_at(e, n, extra_flags, NULL);
+}
+
+int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
+                                    const char *also_host)
+{
     if (n < 1 || n > RG_ETCD_SERVER_MAX) {
         return -1;
     }
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, n, extra_flags, NULL, NULL) == 0) {
+        if (start_all(e, n, extra_flags, NULL, NULL, also_host) == 0) {
             return 0;
         }
     }

@@ -26,6 +26,8 @@ typedef struct {
     char  endpoints[512];             /* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." */
     char  url[RG_ETCD_SERVER_MAX][64];  /* each member's client URL */
     char  extra[512];                 /* extra flags the members were started with */
+    char  also_host[64];              /* another address clients may use, "" for none */
+    char  endpoints_also[512];        /* the members' client URLs on also_host */
     char  cert[256];                  /* TLS: server certificate and key, "" for plain http */
     char  key[256];
 } rg_etcd_server_t;
@@ -41,6 +43,11 @@ int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags);
 int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key);
 /* Starts an n-member cluster on loopback and waits for all members and a leader. */
 int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags);
+/* The same, serving clients also on also_host (an address of a network namespace the caller
+ * made, such as a bridge that agents in other namespaces reach), on the same ports; peers and
+ * the health probe stay on loopback. e->endpoints_also lists those URLs. */
+int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
+                                    const char *also_host);
 /* Kills member i with signal sig and reaps it. */
 void rg_etcd_server_kill(rg_etcd_server_t *e, int i, int sig);
 /* Restarts member i on the same data dir and ports; waits until it answers. */
