@@ -20,9 +20,10 @@ typedef struct {
     int64_t     ckpt_every;  /* steps between checkpoints */
     int64_t     kill_at;     /* global step at which kill_rank SIGKILLs itself (first attempt) */
     int64_t     kill_rank;
+    const char *stop_file;   /* ends the job at the next epoch boundary once it exists */
 } fmnist_options_t;
 
-/* Parses argv; distributed enables --ckpt-every, --kill-at and --kill-rank. Returns 0, or 2
+/* Parses argv; distributed enables --ckpt-every, --kill-at, --kill-rank and --stop-file. Returns 0, or 2
  * after printing a message naming the bad option. */
 int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options_t *o);
 

@@ -12,7 +12,8 @@
  * "step=... epoch=... loss=... samples_per_s=..." lines, one "eval ..." line per epoch, a
  * timing summary and finally "test_accuracy=<fraction>". --kill-at STEP makes rank
  * --kill-rank (default 1) SIGKILL itself at that step in the job's first attempt, to show the
- * job regrouping and resuming.
+ * job regrouping and resuming. --stop-file PATH ends the job at the next epoch boundary once
+ * PATH exists (rank 0 decides, every rank follows), as the chaos suite does.
  */
 #include "fmnist_adam.h"
 #include "fmnist_mlp.h"
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define N_STATE 4   /* params, adam m, adam v, adam step */
 
@@ -226,6 +228,14 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
             printf("eval epoch=%llu test_loss=%.4f test_accuracy=%.4f\n",
                    (unsigned long long)b->cursor.epoch, tl, acc);
             fflush(stdout);
+        }
+        if (b->next.epoch != b->cursor.epoch && o->stop_file != NULL) {
+            /* At an epoch boundary: rank 0 decides whether the job ends here. */
+            int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
+            st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (st != RG_OK || stop) {
+                break;
+            }
         }
     }
     rg_loader_destroy(loader);
