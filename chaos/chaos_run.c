@@ -158,6 +158,28 @@ static int sh(const char *fmt, ...)
     return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* Namespaces left by an earlier run that was killed before it could remove them (its pid is
+ * in their name, and gone). */
+static void net_remove_stale(void)
+{
+    DIR *d = opendir("/var/run/netns");
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        int pid;
+        int slot;
+        char path[400];
+        if (sscanf(e->d_name, "rgc-%d-%d", &pid, &slot) == 2 && pid > 0 &&
+            kill(pid, 0) != 0 && errno == ESRCH) {
+            snprintf(path, sizeof(path), "/var/run/netns/%s", e->d_name);
+            umount2(path, MNT_DETACH);
+            unlink(path);
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+}
+
 /* Moves the runner into a new network namespace with loopback and a bridge, where etcd will
  * serve; false (and back in the original namespace) if this machine does not allow it. */
 static bool net_setup(void)
@@ -171,6 +193,7 @@ static bool net_setup(void)
         }
         return false;
     }
+    net_remove_stale();
     bool ok = sh("ip link set lo up") == 0 && sh("ip link add " NET_BRIDGE " type bridge") == 0 &&
               sh("ip addr add " NET_PREFIX "1/24 dev " NET_BRIDGE) == 0 &&
               sh("ip link set " NET_BRIDGE " up") == 0;
