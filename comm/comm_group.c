@@ -108,6 +108,7 @@ void rg_comm_destroy(rg_comm_t *comm)
         comm_req_finish(req, RG_ECANCELED);
     }
     comm_ucx_close(comm);
+    comm_shm_free(comm);
     free(comm->req_cache);
     free(comm->eps);
     free(comm->peers);

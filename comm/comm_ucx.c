@@ -320,7 +320,8 @@ rg_status_t comm_xfer_test(rg_comm_req_t *req, comm_xfer_t *x)
 
 void comm_xfer_abandon(rg_comm_t *comm, comm_xfer_t *x)
 {
-    if (!x->active) {
+    if (!x->active || x->shm) {
+        x->active = false;
         return;
     }
     if (x->is_recv) {
