@@ -71,7 +71,7 @@ static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, cons
     char np[32];
     char nn[64];
     char ep[600];
-    char id[96];
+    char id[128];
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
     snprintf(np, sizeof(np), "--nproc_per_node=%d", nproc);
     snprintf(nn, sizeof(nn), "--nnodes=%s", nnodes);

@@ -420,7 +420,7 @@ static void *reader_worker(void *arg)
     while (!atomic_load(&j->failed)) {
         size_t i = atomic_fetch_add(&j->next, 1);
         const reader_task_t *tk;
-        const uint8_t *data;
+        const uint8_t *data = NULL;
         rg_status_t st;
         if (i >= j->n) {
             break;

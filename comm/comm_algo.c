@@ -438,6 +438,10 @@ static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
     const bool ring = bytes >= comm->ring_min_bytes;
     rg_status_t st;
 
+    if (n > 1 && comm_shm_fits(comm, kind, bytes, req->mem)) {
+        return comm_shm_use(req);
+    }
+
     switch (kind) {
     case COMM_BARRIER:
         st = use_phases(req, &barrier_phases, ceil_log2(n), 2, 2);
@@ -543,6 +547,7 @@ rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void 
         return st;
     }
     req->seq = comm->seq++;
+    req->kind = kind;
     req->dtype = dtype;
     req->op = op;
     req->esize = rg_dtype_size(dtype);

@@ -50,6 +50,7 @@ typedef struct {
     int    peer;
     bool   is_recv;
     bool   active;    /* posted and not yet completed */
+    bool   shm;       /* a peer's shared-memory slot, not UCX (comm_shm.c) */
     size_t len;       /* bytes expected (receive) */
 } comm_xfer_t;
 
@@ -65,7 +66,10 @@ struct rg_comm_req {
     const char     *name;     /* "allreduce", ... for messages */
     comm_advance_fn advance;
     uint32_t        seq;
+    int             kind;     /* COMM_BARRIER, ... (collectives) */
     bool            is_p2p;
+    bool            uses_shm; /* comm_shm.c's: needs no UCX progress */
+    uint64_t        shm_seq;
     int             p2p_peer;
 
     ucs_memory_type_t mem;
@@ -130,7 +134,11 @@ struct rg_comm {
     rg_comm_req_t *tail;
     rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
     unsigned      passes;       /* progress passes, to check deadlines every few */
-    unsigned      n_posted;
+    unsigned      n_posted;     /* requests in the list */
+    unsigned      n_posted_shm; /* of those, shared-memory ones */
+    struct comm_shm *shm;       /* small collectives on one host (comm_shm.c), or NULL */
+    int           n_local;      /* ranks of the group on this host, this one included */
+    bool          oversubscribed; /* more of them than cores here: yield when idle */
     void         *ctrl_req;     /* the posted wildcard control receive */
     uint64_t      ctrl_buf[2];
     rg_status_t   fail_status;
@@ -226,6 +234,23 @@ rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, cons
                               size_t n);
 /* Divides by the group size when the op is avg. */
 rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n);
+
+/* ---- comm_shm.c ------------------------------------------------------------------------ */
+
+/* Largest input of a collective that goes through shared memory. */
+#define COMM_SHM_MAX_BYTES 4096
+
+/* After the group is connected: finds the ranks on this host and, when all are and shared
+ * memory is allowed (REGROUP_COMM_SHM, UCX_TLS), maps every rank's segment. Collective: every
+ * rank calls it. Errors are the exchange's (a peer failed, the deadline passed). */
+rg_status_t comm_local_setup(rg_comm_t *comm, rg_deadline_t deadline);
+void        comm_shm_free(rg_comm_t *comm);
+/* Whether a collective of this kind with `bytes` per rank goes through shared memory. */
+bool        comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem);
+/* Whether the peer of x (a shared-memory transfer of req) has published its input. */
+bool        comm_shm_arrived(const rg_comm_req_t *req, const comm_xfer_t *x);
+/* Switches req to the shared-memory path. */
+rg_status_t comm_shm_use(rg_comm_req_t *req);
 
 /* ---- comm_ring.c ----------------------------------------------------------------------- */
 

@@ -109,6 +109,8 @@ void comm_req_finish(rg_comm_req_t *req, rg_status_t status)
         }
         req->prev = req->next = NULL;
         req->posted = false;
+        comm->n_posted--;
+        comm->n_posted_shm -= req->uses_shm;
     }
     req->status = status;
     if (status < 0) {
@@ -136,6 +138,8 @@ rg_status_t comm_req_start(rg_comm_req_t *req)
     }
     comm->tail = req;
     req->posted = true;
+    comm->n_posted++;
+    comm->n_posted_shm += req->uses_shm;
     rg_status_t st = req->advance(req);
     if (st != RG_INPROGRESS) {
         if (st != RG_OK && comm->healthy && !req->is_p2p) {
@@ -168,11 +172,14 @@ rg_status_t rg_comm_req_wait(rg_comm_req_t *req)
         return rg_error(RG_EINVAL, "rg_comm_req_wait: NULL request");
     }
     unsigned idle = 0;
+    /* With more ranks than cores here, a waiting rank gives its core away at once (as MPI
+     * does when oversubscribed): the peer it waits for may be the one that needs it. */
+    const unsigned spin = req->comm->oversubscribed ? 1 : COMM_SPIN_BEFORE_YIELD;
     /* Bounded by the request's deadline, which comm_progress enforces. */
     while (req->status == RG_INPROGRESS) {
         if (comm_progress(req->comm)) {
             idle = 0;
-        } else if (++idle >= COMM_SPIN_BEFORE_YIELD) {
+        } else if (++idle >= spin) {
             idle = 0;
             sched_yield();
         }

@@ -235,6 +235,10 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     if (st != RG_OK) {
         goto err_destroy;
     }
+    st = comm_local_setup(comm, deadline);
+    if (st != RG_OK) {
+        goto err_destroy;
+    }
     rg_info("group of %d connected under %s", comm->size, params->key_prefix);
     *comm_p = comm;
     return RG_OK;

@@ -68,8 +68,9 @@ rg_status_t fmnist_mlp_create(const fmnist_mlp_config_t *cfg, fmnist_mlp_t **mod
     m->xs = malloc(mb * in * sizeof(float));
     if (m->params == NULL || m->grads == NULL || m->h == NULL || m->dh == NULL ||
         m->z == NULL || m->x == NULL || m->xs == NULL) {
+        size_t nparams = m->nparams;
         fmnist_mlp_destroy(m);
-        return rg_error(RG_ENOMEM, "no memory for a model of %zu parameters", m->nparams);
+        return rg_error(RG_ENOMEM, "no memory for a model of %zu parameters", nparams);
     }
     *model_p = m;
     return RG_OK;

@@ -279,6 +279,50 @@ static int t_nonblocking(rg_comm_t *comm, int rank, int size)
     return 0;
 }
 
+/* Small operations (shared memory on one host) posted together, completed out of order: each
+ * one waits for the one posted before it. */
+static int t_nonblocking_small(rg_comm_t *comm, int rank, int size)
+{
+    enum { N = 100, K = 6 };
+    float a[K][N];
+    int64_t mine[8];
+    int64_t g[8 * 16];
+    rg_comm_req_t *reqs[K + 2] = {NULL};
+    for (int k = 0; k < K; k++) {
+        fill(RG_DTYPE_F32, RG_OP_SUM, rank + k, a[k], 0, N);
+        CHECK_RG(rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, a[k], N, RG_DTYPE_F32,
+                                        RG_OP_SUM, NULL, &reqs[k]));
+    }
+    fill(RG_DTYPE_I64, RG_OP_SUM, rank, mine, (size_t)rank * 8, 8);
+    CHECK_RG(rg_comm_barrier_post(comm, NULL, &reqs[K]));
+    CHECK_RG(rg_comm_allgather_post(comm, mine, g, 8, RG_DTYPE_I64, NULL, &reqs[K + 1]));
+    for (int k = K + 1; k >= 0; k--) {
+        CHECK_RG(rg_comm_req_wait(reqs[k]));
+        rg_comm_req_free(reqs[k]);
+    }
+    for (int k = 0; k < K; k++) {
+        float want[N];
+        for (size_t i = 0; i < N; i++) {
+            double s = 0;
+            for (int r = 0; r < size; r++) {
+                s += comm_test_input(RG_DTYPE_F32, RG_OP_SUM, r + k, i);
+            }
+            want[i] = (float)s;
+        }
+        if (memcmp(want, a[k], sizeof(want)) != 0) {
+            FAIL("small non-blocking allreduce %d: wrong result", k);
+        }
+    }
+    for (int r = 0; r < size; r++) {
+        int64_t want[8];
+        fill(RG_DTYPE_I64, RG_OP_SUM, r, want, (size_t)r * 8, 8);
+        if (memcmp(want, g + (size_t)r * 8, sizeof(want)) != 0) {
+            FAIL("small non-blocking allgather: wrong block %d", r);
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     bool small_only;
 } matrix_arg_t;
@@ -298,7 +342,8 @@ static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
     CHECK_RG(rg_comm_barrier(comm, NULL));
     if (t_p2p(comm, rank, size) || t_allreduce(comm, rank, size, ar_sizes, n_ar) ||
         t_reduce_scatter(comm, rank, size, rs_sizes, n_rs) ||
-        t_allgather_bcast(comm, rank, size, ag_sizes, n_ag) || t_nonblocking(comm, rank, size)) {
+        t_allgather_bcast(comm, rank, size, ag_sizes, n_ag) || t_nonblocking(comm, rank, size) ||
+        (size <= 16 && t_nonblocking_small(comm, rank, size))) {
         return 1;
     }
     CHECK_RG(rg_comm_barrier(comm, NULL));
@@ -308,11 +353,17 @@ static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
     return 0;
 }
 
-static void run_matrix(int n, const char *env0, const char *env1, bool small_only)
+static void run_matrix3(int n, const char *env0, const char *env1, const char *env2,
+                        bool small_only)
 {
     matrix_arg_t arg = {.small_only = small_only};
-    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 240, .env = {env0, env1, NULL}};
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 240, .env = {env0, env1, env2, NULL}};
     ck_assert_msg(comm_run(n, matrix, &arg, &o, NULL), "ranks failed (see stderr)");
+}
+
+static void run_matrix(int n, const char *env0, const char *env1, bool small_only)
+{
+    run_matrix3(n, env0, env1, NULL, small_only);
 }
 
 START_TEST(test_matrix_1) { run_matrix(1, NULL, NULL, false); }
@@ -333,12 +384,68 @@ END_TEST
 /* The ring for every size, cut into many small segments: odd and uneven chunks. */
 START_TEST(test_matrix_ring_forced_3)
 {
-    run_matrix(3, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=64", true);
+    run_matrix3(3, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=64",
+                "REGROUP_COMM_SHM=0", true);
 }
 END_TEST
 START_TEST(test_matrix_ring_forced_4)
 {
-    run_matrix(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=96", true);
+    run_matrix3(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=96",
+                "REGROUP_COMM_SHM=0", true);
+}
+END_TEST
+/* Small operations over UCX alone (no shared memory of the group's own). */
+START_TEST(test_matrix_noshm_3)
+{
+    run_matrix(3, "REGROUP_COMM_SHM=0", NULL, true);
+}
+END_TEST
+
+/* Whether the group maps every rank's shared-memory segment, all already unlinked. */
+static int shm_maps(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    const int want = *(const int *)arg ? size : 0;
+    /* past every rank's set-up, which unlinks its segment last */
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL) {
+        FAIL("/proc/self/maps: cannot open");
+    }
+    char line[512];
+    int n = 0;
+    int linked = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strstr(line, "/dev/shm/regroup-") != NULL) {
+            n++;
+            linked += strstr(line, "(deleted)") == NULL;
+        }
+    }
+    fclose(f);
+    if (n != want || linked != 0) {
+        FAIL("%d regroup segments mapped (%d still linked), expected %d", n, linked, want);
+    }
+    /* and they work: a small allreduce and a barrier */
+    int32_t x = rank;
+    CHECK_RG(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &x, 1, RG_DTYPE_I32, RG_OP_SUM, NULL));
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    if (x != size * (size - 1) / 2) {
+        FAIL("allreduce: %d", x);
+    }
+    return 0;
+}
+
+static void run_shm_maps(int n, int want, const char *env)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 60, .env = {env, NULL}};
+    ck_assert_msg(comm_run(n, shm_maps, &want, &o, NULL), "ranks failed (see stderr)");
+}
+
+START_TEST(test_shm_segments)
+{
+    run_shm_maps(3, 1, NULL);
+    run_shm_maps(2, 0, "REGROUP_COMM_SHM=0");
+    run_shm_maps(2, 0, "UCX_TLS=tcp");
+    run_shm_maps(1, 0, NULL);
 }
 END_TEST
 
@@ -391,6 +498,8 @@ int main(void)
     tcase_add_test(tc, test_matrix_tcp_3);
     tcase_add_test(tc, test_matrix_ring_forced_3);
     tcase_add_test(tc, test_matrix_ring_forced_4);
+    tcase_add_test(tc, test_matrix_noshm_3);
+    tcase_add_test(tc, test_shm_segments);
     tcase_add_test(tc, test_large_allreduce_2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -145,9 +145,17 @@ START_TEST(test_kill_during_ring_allreduce_shm)
 }
 END_TEST
 
+/* 4000 bytes: through the group's shared memory (comm_shm.c) */
 START_TEST(test_kill_during_small_allreduce_shm)
 {
     run_fault(3, 0, 1000, false, 5000, NULL);
+}
+END_TEST
+
+/* the same over UCX alone */
+START_TEST(test_kill_during_small_allreduce_ucx)
+{
+    run_fault(3, 0, 1000, false, 5000, "REGROUP_COMM_SHM=0");
 }
 END_TEST
 
@@ -160,6 +168,12 @@ END_TEST
 START_TEST(test_stop_times_out)
 {
     run_fault(3, 1, 1000, true, 1000, NULL);
+}
+END_TEST
+
+START_TEST(test_stop_times_out_ucx)
+{
+    run_fault(3, 1, 1000, true, 1000, "REGROUP_COMM_SHM=0");
 }
 END_TEST
 
@@ -312,8 +326,10 @@ int main(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_kill_during_ring_allreduce_shm);
     tcase_add_test(tc, test_kill_during_small_allreduce_shm);
+    tcase_add_test(tc, test_kill_during_small_allreduce_ucx);
     tcase_add_test(tc, test_kill_during_allreduce_tcp);
     tcase_add_test(tc, test_stop_times_out);
+    tcase_add_test(tc, test_stop_times_out_ucx);
     tcase_add_test(tc, test_stop_times_out_ring);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_create_bad_params);

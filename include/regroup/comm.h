@@ -25,7 +25,13 @@
  * every 100 ms and UCX_KEEPALIVE_NUM_EPS >= peers, so ranks on one host use shared memory and a
  * dead peer is found within about 100 ms; with shared memory allowed it also sends eagerly
  * only (UCX_RNDV_THRESH=inf), which avoids a UCX 1.13 abort when a peer dies mid-rendezvous.
- * UCX_TLS=tcp works too (a dead peer is seen in a few ms). Ring tuning: see
+ * Unless set, UCX_TCP_TX_SEG_SIZE=256K and UCX_TCP_RX_SEG_SIZE=512K (tcp bandwidth).
+ * UCX_TLS=tcp works too (a dead peer is seen in a few ms). When every rank is on one host and
+ * UCX_TLS allows shared memory, collectives of at most 4 KiB per rank go through a small
+ * shared-memory segment of the group's own (mapped at create, its name unlinked at once;
+ * REGROUP_COMM_SHM=0 turns it off, =1 forces it on with any UCX_TLS); the deadlines and the
+ * detection of dead peers are the same on that path. When the group has more ranks on this
+ * host than the process may use cores, a waiting rank yields its core at once. Ring tuning: see
  * REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW in
  * docs/benchmarks.md.
  *
@@ -99,7 +105,8 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
 
 /*
  * Creates the group: makes a UCX worker, publishes its address at <key_prefix><rank>, waits
- * for all `size` addresses (progressing UCX meanwhile) and connects to every peer. Blocks up to
+ * for all `size` addresses (progressing UCX meanwhile), connects to every peer and maps the
+ * peers' shared memory when all share this host (see above). Blocks up to
  * create_timeout_ms. Errors: RG_EINVAL (params), RG_ETIMEDOUT (not every rank published in
  * time), etcd errors, RG_EUNREACH (UCX could not connect). Free with rg_comm_destroy.
  */
