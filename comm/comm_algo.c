@@ -9,6 +9,8 @@
  *   allgather       direct exchange with every peer (one round)
  *   reduce_scatter  direct exchange, then a local fold in a fixed order
  * Large messages use the segmented ring (comm_ring.c); broadcast scatters from the root first.
+ * Allreduces between the two, on a power of two ranks, may use recursive halving/doubling
+ * (REGROUP_COMM_RHD_MAX_BYTES; by default over tcp below 4 MiB).
  * A phase posts its transfers; when they are all done, its `done` step reduces what arrived.
  */
 #include "comm_internal.h"
@@ -328,6 +330,94 @@ static rg_status_t rd_done(rg_comm_req_t *req, int phase)
 
 static const comm_phases_t rd_phases = {rd_post, rd_done};
 
+/* ---- allreduce: recursive halving, then recursive doubling (n a power of two) ------------
+ *
+ * Chunk c of the buffer (chunk_range) ends on rank c. Reduce-scatter phase j (0..k-1) pairs
+ * ranks d = n >> (j + 1) apart; each keeps the half of its current window of 2d chunks on its
+ * side of bit d, sends the other half, and reduces what the partner sent for the kept half.
+ * After k phases rank r holds chunk r reduced over every rank, computed there alone, so every
+ * rank ends with the same bits. Allgather phase k + j pairs ranks 1 << j apart and swaps
+ * windows of 1 << j chunks. The bytes sent equal the ring's, in 2 log2(n) steps instead of
+ * 2(n - 1). */
+
+static void chunks_span(const rg_comm_req_t *req, int a, int b, size_t *off, size_t *len)
+{
+    size_t end;
+    size_t l;
+    chunk_range(req->count, req->comm->size, a, off, &l);
+    chunk_range(req->count, req->comm->size, b - 1, &end, &l);
+    *len = end + l - *off;
+}
+
+/* The chunks rank r keeps and sends in reduce-scatter phase j. */
+static void rhd_halves(int r, int d, int *keep, int *give)
+{
+    int w0 = r & ~(2 * d - 1);
+    *keep = (r & d) ? w0 + d : w0;
+    *give = (r & d) ? w0 : w0 + d;
+}
+
+static rg_status_t rhd_post(rg_comm_req_t *req, int phase)
+{
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const int k = req->n_phases / 2;
+    const size_t es = req->esize;
+    size_t off;
+    size_t len;
+    if (phase < k) {
+        const int d = n >> (phase + 1);
+        int keep;
+        int give;
+        rhd_halves(r, d, &keep, &give);
+        chunks_span(req, keep, keep + d, &off, &len);
+        rg_status_t st = recv_from(req, 0, r ^ d, (uint32_t)phase, req->tmp, len * es);
+        if (st != RG_OK) {
+            return st;
+        }
+        chunks_span(req, give, give + d, &off, &len);
+        return send_to(req, 1, r ^ d, (uint32_t)phase, (phase == 0 ? req->in : req->out) +
+                       off * es, len * es);
+    }
+    const int d = 1 << (phase - k);
+    const int partner = r ^ d;
+    const int mine = r & ~(d - 1);
+    const int theirs = partner & ~(d - 1);
+    chunks_span(req, theirs, theirs + d, &off, &len);
+    rg_status_t st = recv_from(req, 0, partner, (uint32_t)phase, req->out + off * es, len * es);
+    if (st != RG_OK) {
+        return st;
+    }
+    chunks_span(req, mine, mine + d, &off, &len);
+    return send_to(req, 1, partner, (uint32_t)phase, req->out + off * es, len * es);
+}
+
+static rg_status_t rhd_done(rg_comm_req_t *req, int phase)
+{
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const int k = req->n_phases / 2;
+    if (phase >= k) {
+        return RG_OK;
+    }
+    const int d = n >> (phase + 1);
+    int keep;
+    int give;
+    size_t off;
+    size_t len;
+    rhd_halves(r, d, &keep, &give);
+    chunks_span(req, keep, keep + d, &off, &len);
+    char *dst = req->out + off * req->esize;
+    rg_status_t st = comm_local_reduce(req, dst, (phase == 0 ? req->in : req->out) +
+                                       off * req->esize, req->tmp, len);
+    if (st == RG_OK && phase == k - 1) {
+        st = comm_local_scale(req, dst, len);
+    }
+    return st;
+}
+
+static const comm_phases_t rhd_phases = {rhd_post, rhd_done};
+
 /* ---- allgather: direct ----------------------------------------------------------------- */
 
 static rg_status_t ag_direct_post(rg_comm_req_t *req, int phase)
@@ -458,6 +548,11 @@ static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
         }
         return use_phases(req, &bcast_tree_phases, 2, 1 + ceil_log2(n), 0);
     case COMM_ALLREDUCE:
+        if (n >= 4 && (n & (n - 1)) == 0 && ring && bytes < comm->rhd_max_bytes &&
+            req->count >= (size_t)n) {
+            size_t half = (req->count / (size_t)n + 1) * (size_t)(n / 2) * req->esize;
+            return use_phases(req, &rhd_phases, 2 * ceil_log2(n), 2, half);
+        }
         if (n > 1 && ring && req->count >= (size_t)n) {
             /* Out of place needs no copy: each reduce-scatter step reads sendbuf's chunk and
              * writes recvbuf's; the one chunk never reduced here arrives by allgather. */

@@ -128,6 +128,8 @@ struct rg_comm {
     int           failed_rank;
     uint32_t      seq;
     size_t        ring_min_bytes; /* messages this large use the ring */
+    size_t        rhd_max_bytes;  /* allreduces smaller than this, from ring_min_bytes on,
+                                     use recursive halving/doubling (n a power of two) */
     size_t        seg_bytes;      /* ring segment */
     size_t        ring_window;    /* ring segments in flight */
     rg_comm_req_t *head;        /* posted requests, in post order */

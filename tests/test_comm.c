@@ -394,6 +394,19 @@ START_TEST(test_matrix_ring_forced_4)
                 "REGROUP_COMM_SHM=0", true);
 }
 END_TEST
+/* Allreduce by recursive halving and doubling for every size (the other ops as usual). */
+START_TEST(test_matrix_rhd_4)
+{
+    run_matrix3(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
+                "REGROUP_COMM_SHM=0", false);
+}
+END_TEST
+START_TEST(test_matrix_rhd_8)
+{
+    run_matrix3(8, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
+                "REGROUP_COMM_SHM=0", true);
+}
+END_TEST
 /* Small operations over UCX alone (no shared memory of the group's own). */
 START_TEST(test_matrix_noshm_3)
 {
@@ -498,6 +511,8 @@ int main(void)
     tcase_add_test(tc, test_matrix_tcp_3);
     tcase_add_test(tc, test_matrix_ring_forced_3);
     tcase_add_test(tc, test_matrix_ring_forced_4);
+    tcase_add_test(tc, test_matrix_rhd_4);
+    tcase_add_test(tc, test_matrix_rhd_8);
     tcase_add_test(tc, test_matrix_noshm_3);
     tcase_add_test(tc, test_shm_segments);
     tcase_add_test(tc, test_large_allreduce_2);

@@ -31,9 +31,9 @@
  * shared-memory segment of the group's own (mapped at create, its name unlinked at once;
  * REGROUP_COMM_SHM=0 turns it off, =1 forces it on with any UCX_TLS); the deadlines and the
  * detection of dead peers are the same on that path. When the group has more ranks on this
- * host than the process may use cores, a waiting rank yields its core at once. Ring tuning: see
- * REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW in
- * docs/benchmarks.md.
+ * host than the process may use cores, a waiting rank yields its core at once. Algorithm
+ * tuning: see REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW
+ * and REGROUP_COMM_RHD_MAX_BYTES in docs/benchmarks.md.
  *
  * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
  * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA), otherwise
