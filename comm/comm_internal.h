@@ -109,6 +109,7 @@ struct rg_comm {
     int64_t       timeout_ms;
     ucp_context_h ctx;
     ucp_worker_h  worker;
+    bool          ucx_cuda;     /* UCX lists CUDA among its memory types */
     ucp_ep_h     *eps;          /* [size]; eps[rank] NULL */
     comm_peer_t  *peers;        /* error callback arguments */
     bool         *peer_dead;    /* error callback seen */

@@ -246,6 +246,12 @@ rg_status_t comm_check_args(rg_comm_t *comm, const char *name, rg_dtype_t dtype,
                         "%s: CUDA device buffers are not supported here: they need a build with "
                         "CUDA (REGROUP_CUDA) and a CUDA device", name);
     }
+    if (opts != NULL && opts->mem_type == RG_MEM_CUDA && comm->size > 1 && !comm->ucx_cuda) {
+        return rg_error(RG_ENOTSUP,
+                        "%s: CUDA device buffers are not supported here: this UCX cannot move "
+                        "device memory (it was built without CUDA support; see ucx_info -d)",
+                        name);
+    }
     if (!comm->healthy) {
         return comm_unhealthy_error(comm, name);
     }

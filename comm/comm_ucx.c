@@ -101,6 +101,10 @@ rg_status_t comm_ucx_open(rg_comm_t *comm)
         comm->ctx = NULL;
         return rg_error(RG_EUNREACH, "ucp_worker_create: %s", ucs_status_string(st));
     }
+    /* Whether this UCX can move device memory (a build without its CUDA module cannot). */
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    comm->ucx_cuda = ucp_context_query(comm->ctx, &attr) == UCS_OK &&
+                     (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     return RG_OK;
 }
 

@@ -36,8 +36,9 @@
  * and REGROUP_COMM_RHD_MAX_BYTES in docs/benchmarks.md.
  *
  * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
- * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA), otherwise
- * they fail with RG_ENOTSUP.
+ * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA) and a CUDA
+ * device, and a group of more than one rank needs a UCX that can move device memory (Debian's
+ * libucx has no CUDA module); otherwise such calls fail with RG_ENOTSUP, saying which.
  */
 #ifndef REGROUP_COMM_H
 #define REGROUP_COMM_H
