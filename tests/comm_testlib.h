@@ -15,9 +15,28 @@
 #include <regroup/comm.h>
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define COMM_TEST_MAX_RANKS 16
+
+/* In a rank function (with `rank` in scope): say what failed on stderr, return 1. */
+#define FAIL(...) \
+    do { \
+        fprintf(stderr, "rank %d: ", rank); \
+        fprintf(stderr, __VA_ARGS__); \
+        fprintf(stderr, "\n"); \
+        return 1; \
+    } while (0)
+
+/* In a rank function: FAIL unless the call returns RG_OK, naming the call and the error. */
+#define CHECK_RG(call) \
+    do { \
+        rg_status_t st_ = (call); \
+        if (st_ != RG_OK) { \
+            FAIL("%s: %s: %s", #call, rg_status_name(st_), rg_last_error()); \
+        } \
+    } while (0)
 
 typedef int (*comm_test_fn)(rg_comm_t *comm, int rank, int size, void *arg);
 

@@ -12,22 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) \
-    do { \
-        fprintf(stderr, "rank %d: ", rank); \
-        fprintf(stderr, __VA_ARGS__); \
-        fprintf(stderr, "\n"); \
-        return 1; \
-    } while (0)
-
-#define CHECK_RG(call) \
-    do { \
-        rg_status_t st_ = (call); \
-        if (st_ != RG_OK) { \
-            FAIL("%s: %s: %s", #call, rg_status_name(st_), rg_last_error()); \
-        } \
-    } while (0)
-
 static const rg_dtype_t all_dtypes[] = {RG_DTYPE_F32, RG_DTYPE_F64, RG_DTYPE_F16, RG_DTYPE_BF16,
                                         RG_DTYPE_I32, RG_DTYPE_I64, RG_DTYPE_U8};
 static const rg_redop_t all_ops[] = {RG_OP_SUM, RG_OP_AVG, RG_OP_MIN, RG_OP_MAX, RG_OP_PROD};

@@ -22,14 +22,6 @@
 
 #define SKIP_CODE 77
 
-#define FAIL(...) \
-    do { \
-        fprintf(stderr, "rank %d: ", rank); \
-        fprintf(stderr, __VA_ARGS__); \
-        fprintf(stderr, "\n"); \
-        return 1; \
-    } while (0)
-
 #define CHECK_CUDA(call) \
     do { \
         cudaError_t e_ = (call); \

@@ -19,14 +19,6 @@
 #include <string.h>
 #include <time.h>
 
-#define FAIL(...) \
-    do { \
-        fprintf(stderr, "rank %d: ", rank); \
-        fprintf(stderr, __VA_ARGS__); \
-        fprintf(stderr, "\n"); \
-        return 1; \
-    } while (0)
-
 typedef struct {
     int     victim;
     int64_t deadline_ms;
