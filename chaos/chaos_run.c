@@ -88,9 +88,15 @@ static char ckpt_dir[300];
 static char stop_file[300];
 static rg_etcd_server_t etcd;
 static rg_etcd_t *cli;
-static pid_t agents[MAX_NODES * 4];
+/* Agents live in slots, reused once an agent has ended and been reaped (a long soak starts
+ * far more agents than ever run at once); each agent started gets a new id, which names its
+ * log, its network namespace and its address. */
+#define MAX_SLOTS (MAX_NODES * 4)
+static pid_t agents[MAX_SLOTS];
+static int agent_id[MAX_SLOTS];
 static int n_agent_slots;
-static bool alive[MAX_NODES * 4];
+static int n_started;
+static bool alive[MAX_SLOTS];
 static fault_rec_t recs[MAX_FAULTS];
 static int n_recs;
 static bool tmpfs_mounted;
@@ -100,9 +106,9 @@ static int n_corrupted;
 
 /* Network namespaces (the partition fault). */
 #define NET_BRIDGE "rgc-br"
-#define NET_PREFIX "10.213.0."
+#define NET_PREFIX "10.213."
 static bool netns_mode;
-static char ns_path[MAX_NODES * 4][96];
+static char ns_path[MAX_SLOTS][96];
 static struct {
     bool   on;
     int    slot;
@@ -195,7 +201,7 @@ static bool net_setup(void)
     }
     net_remove_stale();
     bool ok = sh("ip link set lo up") == 0 && sh("ip link add " NET_BRIDGE " type bridge") == 0 &&
-              sh("ip addr add " NET_PREFIX "1/24 dev " NET_BRIDGE) == 0 &&
+              sh("ip addr add " NET_PREFIX "0.1/16 dev " NET_BRIDGE) == 0 &&
               sh("ip link set " NET_BRIDGE " up") == 0;
     if (!ok) {
         say("cannot set up the namespaces' network (see %s/net.log): the partition fault is "
@@ -208,29 +214,44 @@ static bool net_setup(void)
     return ok;
 }
 
-/* A node's namespace: veth0 (NET_PREFIX 10+i) inside, its peer rgc-h<i> on the bridge. */
+/* The address of agent id k in its namespace. */
+static void node_addr(int k, char *out, size_t len)
+{
+    snprintf(out, len, NET_PREFIX "%d.%d", 1 + k / 250, 1 + k % 250);
+}
+
+/* Removes a slot's namespace as `ip netns del` does (async-signal-safe); a namespace lives on
+ * until its last process is gone, then its veth pair goes with it. */
+static void node_ns_remove(int i)
+{
+    if (ns_path[i][0]) {
+        umount2(ns_path[i], MNT_DETACH);
+        unlink(ns_path[i]);
+        ns_path[i][0] = '\0';
+    }
+}
+
+/* A node's namespace for the agent in slot i: veth0 inside, its peer rgc-h<id> on the bridge. */
 static bool node_ns_make(int i)
 {
     char name[64];
-    snprintf(name, sizeof(name), "rgc-%d-%d", (int)getpid(), i);
+    char addr[32];
+    int k = agent_id[i];
+    node_ns_remove(i);   /* the namespace of the slot's previous agent */
+    snprintf(name, sizeof(name), "rgc-%d-%d", (int)getpid(), k);
     snprintf(ns_path[i], sizeof(ns_path[i]), "/var/run/netns/%s", name);
+    node_addr(k, addr, sizeof(addr));
     return sh("ip netns add %s", name) == 0 &&
-           sh("ip link add rgc-h%d type veth peer name veth0 netns %s", i, name) == 0 &&
-           sh("ip link set rgc-h%d master " NET_BRIDGE " up", i) == 0 &&
-           sh("ip -n %s addr add " NET_PREFIX "%d/24 dev veth0", name, 10 + i) == 0 &&
+           sh("ip link add rgc-h%d type veth peer name veth0 netns %s", k, name) == 0 &&
+           sh("ip link set rgc-h%d master " NET_BRIDGE " up", k) == 0 &&
+           sh("ip -n %s addr add %s/16 dev veth0", name, addr) == 0 &&
            sh("ip -n %s link set veth0 up", name) == 0 && sh("ip -n %s link set lo up", name) == 0;
 }
 
-/* Removes the nodes' namespaces as `ip netns del` does (async-signal-safe); a namespace lives
- * on until its last process is gone, then its veth pair goes with it. */
 static void net_cleanup(void)
 {
-    for (int i = 0; i < MAX_NODES * 4; i++) {
-        if (ns_path[i][0]) {
-            umount2(ns_path[i], MNT_DETACH);
-            unlink(ns_path[i]);
-            ns_path[i][0] = '\0';
-        }
+    for (int i = 0; i < MAX_SLOTS; i++) {
+        node_ns_remove(i);
     }
 }
 
@@ -238,8 +259,8 @@ static void net_cleanup(void)
 static void heal(bool now)
 {
     if (cut.on && (now || rg_wall_s() >= cut.heal_at)) {
-        if (sh("ip link set rgc-h%d up", cut.slot) != 0) {
-            say("cannot bring the link of agent %d back up", cut.slot);
+        if (sh("ip link set rgc-h%d up", agent_id[cut.slot]) != 0) {
+            say("cannot bring the link of agent %d back up", agent_id[cut.slot]);
         }
         cut.on = false;
         cut.healed_at = rg_wall_s();
@@ -253,14 +274,26 @@ static void start_agent(void)
     char nn[64];
     char net[120];
     char addr[64];
-    int i = n_agent_slots++;
+    char host[32] = "127.0.0.1";
+    int i = 0;
+    while (i < n_agent_slots && alive[i]) {
+        i++;
+    }
+    if (i == MAX_SLOTS) {
+        say("no free agent slot (%d agents alive)", MAX_SLOTS);
+        return;
+    }
+    n_agent_slots = RG_MAX(n_agent_slots, i + 1);
+    agent_id[i] = n_started++;
 
-    snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
+    snprintf(log, sizeof(log), "%s/agent%d.log", dir, agent_id[i]);
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", netns_mode ? etcd.endpoints_also
                                                                : etcd.endpoints);
     snprintf(nn, sizeof(nn), "--nnodes=%d:%d", opt.nodes > 2 ? opt.nodes - 1 : 1, opt.nodes);
-    snprintf(addr, sizeof(addr), "--local-addr=%s%d", netns_mode ? NET_PREFIX : "127.0.0.",
-             netns_mode ? 10 + i : 1);
+    if (netns_mode) {
+        node_addr(agent_id[i], host, sizeof(host));
+    }
+    snprintf(addr, sizeof(addr), "--local-addr=%s", host);
     char *argv[32] = {"ip", "netns", "exec", net, (char *)opt.regroup, ep, "--rdzv-id=chaos", nn,
                       "--nproc-per-node=1", addr, "--max-restarts=100000", "--grace-period=1",
                       "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120"};
@@ -279,7 +312,8 @@ static void start_agent(void)
     agents[i] = -1;
     if (netns_mode) {
         if (!node_ns_make(i)) {
-            say("cannot make the network namespace of agent %d (see %s/net.log)", i, dir);
+            say("cannot make the network namespace of agent %d (see %s/net.log)", agent_id[i],
+                dir);
             alive[i] = false;
             return;
         }
@@ -301,9 +335,10 @@ static int reap_agents(int *bad_status)
         if (alive[i] && waitpid(agents[i], &st, WNOHANG) == agents[i]) {
             alive[i] = false;
             if (WIFSIGNALED(st)) {
-                say("agent %d (pid %d) ended by signal %d", i, (int)agents[i], WTERMSIG(st));
+                say("agent %d (pid %d) ended by signal %d", agent_id[i], (int)agents[i],
+                    WTERMSIG(st));
             } else {
-                say("agent %d (pid %d) exited with status %d", i, (int)agents[i],
+                say("agent %d (pid %d) exited with status %d", agent_id[i], (int)agents[i],
                     WEXITSTATUS(st));
             }
             if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
@@ -617,7 +652,8 @@ static void inject(fault_t kind, fault_rec_t *r)
         if (a >= 0) {
             r->agent_pid = agents[a];
             kill(agents[a], kind == F_AGENT_KILL ? SIGKILL : SIGTERM);
-            snprintf(r->target, sizeof(r->target), "agent %d (pid %d)", a, (int)agents[a]);
+            snprintf(r->target, sizeof(r->target), "agent %d (pid %d)", agent_id[a],
+                     (int)agents[a]);
         }
         break;
     case F_PARTITION:
@@ -626,20 +662,20 @@ static void inject(fault_t kind, fault_rec_t *r)
             /* Longer than the lease TTL (2 s): the node is lost, and must rejoin. */
             int hold = 3 + (int)(next_rand() % 4);
             r->agent_pid = agents[a];
-            if (sh("ip link set rgc-h%d down", a) == 0) {
+            if (sh("ip link set rgc-h%d down", agent_id[a]) == 0) {
                 cut.on = true;
                 cut.slot = a;
                 cut.heal_at = rg_wall_s() + hold;
             } else {
-                say("cannot take the link of agent %d down", a);
+                say("cannot take the link of agent %d down", agent_id[a]);
             }
-            snprintf(r->target, sizeof(r->target), "agent %d (pid %d) cut off %d s", a,
+            snprintf(r->target, sizeof(r->target), "agent %d (pid %d) cut off %d s", agent_id[a],
                      (int)agents[a], hold);
         }
         break;
     case F_NODE_JOIN:
         start_agent();
-        snprintf(r->target, sizeof(r->target), "agent %d", n_agent_slots - 1);
+        snprintf(r->target, sizeof(r->target), "agent %d", n_started - 1);
         break;
     case F_ETCD_MEMBER:
     case F_ETCD_LEADER:
@@ -923,10 +959,10 @@ static double parse_duration(const char *s)
  * log that has one goes to line_out. */
 static bool job_log_has(const char *text, char *line_out, size_t line_len)
 {
-    for (int i = 0; i < n_agent_slots; i++) {
+    for (int k = 0; k < n_started; k++) {
         char path[400];
         char line[1024];
-        snprintf(path, sizeof(path), "%s/agent%d.log", dir, i);
+        snprintf(path, sizeof(path), "%s/agent%d.log", dir, k);
         FILE *f = fopen(path, "r");
         if (f == NULL) {
             continue;
@@ -1057,7 +1093,7 @@ int main(int argc, char **argv)
     int members = kind_enabled(F_ETCD_MEMBER) || kind_enabled(F_ETCD_LEADER) ? 3 : 1;
     if (rg_etcd_server_cluster_start_at(&etcd, members,
                                         "--heartbeat-interval=50 --election-timeout=500",
-                                        netns_mode ? NET_PREFIX "1" : NULL) != 0) {
+                                        netns_mode ? NET_PREFIX "0.1" : NULL) != 0) {
         say("cannot start etcd: %s", rg_last_error());
         return 1;
     }
@@ -1081,7 +1117,9 @@ int main(int argc, char **argv)
         if ((kind == F_DISK_FULL && !tmpfs_mounted) || (kind == F_PARTITION && !netns_mode)) {
             kind = F_WORKER_KILL;
         }
-        if (!kind_enabled(kind) && strcmp(opt.scenario, "all") != 0 && kind != F_NODE_JOIN) {
+        /* A join or a preemption that keeps the job within its size stays (a node-join
+         * scenario at MAX must first lose a node). */
+        if (!kind_enabled(kind) && kind != F_NODE_JOIN && kind != F_PREEMPT) {
             kind = F_WORKER_KILL;
         }
         fault_rec_t *r = &recs[n_recs++];
@@ -1120,7 +1158,7 @@ int main(int argc, char **argv)
                 if (agents[a] == r->agent_pid && alive[a]) {
                     int rc = rg_proc_wait(agents[a], 30000);
                     alive[a] = false;
-                    say("agent %d (pid %d) ended: %d", a, (int)agents[a], rc);
+                    say("agent %d (pid %d) ended: %d", agent_id[a], (int)agents[a], rc);
                 }
             }
         }
@@ -1158,8 +1196,8 @@ int main(int argc, char **argv)
                     r->rejoin_s = wait_rejoin(a, RECOVERY_MAX_MS);
                     rejoined = r->rejoin_s >= 0;
                     if (!rejoined) {
-                        say("agent %d did not rejoin within %d ms of its link coming back", a,
-                            RECOVERY_MAX_MS);
+                        say("agent %d did not rejoin within %d ms of its link coming back",
+                            agent_id[a], RECOVERY_MAX_MS);
                     }
                 }
             }
@@ -1212,7 +1250,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < n_agent_slots; i++) {
         if (alive[i]) {
-            say("agent %d (pid %d) still runs: killing it", i, (int)agents[i]);
+            say("agent %d (pid %d) still runs: killing it", agent_id[i], (int)agents[i]);
             kill(agents[i], SIGKILL);
             waitpid(agents[i], NULL, 0);
             alive[i] = false;
