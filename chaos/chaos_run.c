@@ -765,6 +765,12 @@ static bool ends_round(fault_t k)
     return k != F_ETCD_MEMBER && k != F_ETCD_LEADER;
 }
 
+/* Faults that take a whole node out of the job (for a while, for a partition). */
+static bool takes_node(fault_t k)
+{
+    return k == F_AGENT_KILL || k == F_PREEMPT || k == F_PARTITION;
+}
+
 static bool kind_enabled(fault_t k)
 {
     if (strcmp(opt.scenario, "all") == 0) {
@@ -801,8 +807,7 @@ static fault_t choose(void)
     /* Keep the job within its size: a node cannot be lost at MIN nor join at MAX. Then the
      * opposite fault comes first, and the one drawn stays due. */
     int min_nodes = opt.nodes > 2 ? opt.nodes - 1 : 1;
-    if ((k == F_AGENT_KILL || k == F_PREEMPT || k == F_PARTITION) &&
-        alive_agents() <= min_nodes) {
+    if (takes_node(k) && alive_agents() <= min_nodes) {
         return F_NODE_JOIN;
     }
     if (k == F_NODE_JOIN && alive_agents() >= opt.nodes) {
@@ -1145,8 +1150,7 @@ int main(int argc, char **argv)
          * member ends the newest round it was in. */
         bool ends = ends_round(kind);
         int min_round = r->round_before + 1;
-        if (ends && (kind == F_AGENT_KILL || kind == F_PREEMPT || kind == F_PARTITION) &&
-            r->agent_pid > 0) {
+        if (ends && takes_node(kind) && r->agent_pid > 0) {
             int mr = member_round(r->round_before, r->agent_pid);
             ends = mr >= 0;
             min_round = mr + 1;
@@ -1185,9 +1189,9 @@ int main(int argc, char **argv)
         if (kind == F_PARTITION && r->agent_pid > 0) {
             /* The partition lasts its time whether or not the others recovered; then the node
              * must come back into the job. */
-            for (int k = 0; k < 10000 && cut.on; k++) {
-                heal(false);
-                rg_sleep_ms(1);
+            double left_s = cut.heal_at - rg_wall_s();
+            if (cut.on && left_s > 0) {
+                rg_sleep_ms((int64_t)(left_s * 1000) + 1);
             }
             heal(true);
             rejoined = false;

@@ -211,8 +211,9 @@ static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *
         snprintf(e->endpoints + l, sizeof(e->endpoints) - l, "%s%s", i ? "," : "", e->url[i]);
         if (e->also_host[0]) {
             l = strlen(e->endpoints_also);
-            snprintf(e->endpoints_also + l, sizeof(e->endpoints_also) - l, "%shttp://%s:%d",
-                     i ? "," : "", e->also_host, e->client_port[i]);
+            snprintf(e->endpoints_also + l, sizeof(e->endpoints_also) - l, "%s%s://%s:%d",
+                     i ? "," : "", e->cert[0] ? "https" : "http", e->also_host,
+                     e->client_port[i]);
         }
     }
     for (int i = 0; i < n; i++) {

@@ -3,6 +3,7 @@
 
 #include "etcd_server.h"
 
+#include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -35,6 +36,11 @@ void comm_test_etcd_stop(void)
         rg_etcd_server_stop(&test_etcd);
         test_etcd_up = false;
     }
+}
+
+void comm_test_etcd_fixture(void)
+{
+    ck_assert_msg(comm_test_etcd() != NULL, "cannot start the test etcd");
 }
 
 static double now_s(void)

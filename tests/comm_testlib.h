@@ -60,6 +60,9 @@ typedef struct {
 const char *comm_test_etcd(void);
 /* Stops the test etcd started by comm_test_etcd. */
 void comm_test_etcd_stop(void);
+/* A Check fixture: starts the test etcd, failing the test case if it cannot (pair it with
+ * comm_test_etcd_stop as the teardown). */
+void comm_test_etcd_fixture(void);
 
 /* Runs fn on n ranks; returns true when every rank exited 0. */
 bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,

@@ -471,21 +471,11 @@ START_TEST(test_large_allreduce_2)
 }
 END_TEST
 
-static void etcd_up(void)
-{
-    ck_assert_ptr_nonnull(comm_test_etcd());
-}
-
-static void etcd_down(void)
-{
-    comm_test_etcd_stop();
-}
-
 int main(void)
 {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("collectives");
-    tcase_add_unchecked_fixture(tc, etcd_up, etcd_down);
+    tcase_add_unchecked_fixture(tc, comm_test_etcd_fixture, comm_test_etcd_stop);
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_matrix_1);
     tcase_add_test(tc, test_matrix_2);

@@ -300,21 +300,11 @@ START_TEST(test_env_read)
 }
 END_TEST
 
-static void etcd_up(void)
-{
-    ck_assert_ptr_nonnull(comm_test_etcd());
-}
-
-static void etcd_down(void)
-{
-    comm_test_etcd_stop();
-}
-
 int main(void)
 {
     Suite *s = suite_create("comm_fault");
     TCase *tc = tcase_create("fault");
-    tcase_add_unchecked_fixture(tc, etcd_up, etcd_down);
+    tcase_add_unchecked_fixture(tc, comm_test_etcd_fixture, comm_test_etcd_stop);
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_kill_during_ring_allreduce_shm);
     tcase_add_test(tc, test_kill_during_small_allreduce_shm);
