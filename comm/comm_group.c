@@ -6,11 +6,18 @@
 #define COMM_DEFAULT_TIMEOUT_MS   30000
 #define COMM_DEFAULT_RING_MIN     (64 * 1024)
 /* Measured on loopback (docs/benchmarks.md): shared memory likes many small segments, tcp
- * fewer larger ones, each one eager UCX message (see the tcp settings in comm_ucx.c), with
- * few in flight: 4 ranks on 2 cores reached 1.7 GB/s busbw at 16 MiB with 4, 1.4 with 8. */
+ * fewer larger ones (see the tcp settings in comm_ucx.c), with few in flight: 4 ranks on 2
+ * cores reached 1.7 GB/s busbw at 16 MiB with 4, 1.4 with 8. */
 #define COMM_DEFAULT_SEGMENT      (64 * 1024)
 #define COMM_DEFAULT_WINDOW       16
-#define COMM_DEFAULT_SEGMENT_TCP  (256 * 1024)
+/* Over tcp a segment is one eager message when it is below UCX_TCP_TX_SEG_SIZE (256K, set in
+ * comm_ucx.c) less UCX's headers, and goes by rendezvous (a request, a reply, then the data)
+ * at 256 KiB and above. Eager was faster with 2 ranks on 2 cores (1 MiB: 5.5 against 4.6 GB/s
+ * busbw; 64 MiB: 2.4 against 1.7) but slower when a host runs more ranks than it has cores
+ * (4 ranks, 16 MiB: 1.3 against 1.5): a descheduled receiver has not posted its receive when
+ * the data comes, and UCX then copies it twice. */
+#define COMM_DEFAULT_SEGMENT_TCP  (255 * 1024)
+#define COMM_SEGMENT_TCP_RNDV     (256 * 1024)
 #define COMM_DEFAULT_WINDOW_TCP   4
 /* Over tcp, 4 ranks: recursive halving/doubling beat the ring below 4 MiB (256 KiB: 2.2
  * against 1.7 GB/s busbw, 1 MiB 2.5 against 2.3) and lost at 16 MiB; over shared memory the
@@ -19,8 +26,10 @@
 
 /* Tuning knobs (read once per group):
  *   REGROUP_COMM_RING_MIN_BYTES  messages at least this large use the ring (default 64 KiB)
- *   REGROUP_COMM_SEGMENT_BYTES   ring segment (default 64 KiB; 256 KiB when UCX_TLS has no
- *                                shared memory)
+ *   REGROUP_COMM_SEGMENT_BYTES   largest ring segment (default 64 KiB; when UCX_TLS has no
+ *                                shared memory 255 KiB, or 256 KiB when a host of the group
+ *                                runs more ranks than it has cores); chunks are cut into
+ *                                equal segments no larger than this
  *   REGROUP_COMM_RING_WINDOW     ring segments in flight (default 16; 4 without shm)
  *   REGROUP_COMM_RHD_MAX_BYTES   allreduces from RING_MIN_BYTES up to below this, on a power
  *                                of two ranks (at least 4), use recursive halving/doubling
@@ -69,6 +78,8 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
                            &comm->rhd_max_bytes);
     }
     if (st == RG_OK) {
+        const char *seg = getenv("REGROUP_COMM_SEGMENT_BYTES");
+        comm->seg_default = seg == NULL || *seg == '\0';
         st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES",
                            comm_tls_has_mm() ? COMM_DEFAULT_SEGMENT : COMM_DEFAULT_SEGMENT_TCP, 64,
                            &comm->seg_bytes);
@@ -104,6 +115,13 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     }
     *comm_p = comm;
     return RG_OK;
+}
+
+void comm_tune(rg_comm_t *comm, bool any_oversubscribed)
+{
+    if (comm->seg_default && !comm_tls_has_mm() && any_oversubscribed) {
+        comm->seg_bytes = COMM_SEGMENT_TCP_RNDV;
+    }
 }
 
 void rg_comm_destroy(rg_comm_t *comm)

@@ -131,7 +131,8 @@ struct rg_comm {
     size_t        ring_min_bytes; /* messages this large use the ring */
     size_t        rhd_max_bytes;  /* allreduces smaller than this, from ring_min_bytes on,
                                      use recursive halving/doubling (n a power of two) */
-    size_t        seg_bytes;      /* ring segment */
+    size_t        seg_bytes;      /* largest ring segment */
+    bool          seg_default;    /* seg_bytes not chosen by REGROUP_COMM_SEGMENT_BYTES */
     size_t        ring_window;    /* ring segments in flight */
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
@@ -248,6 +249,9 @@ rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n);
  * rank calls it. Errors are the exchange's (a peer failed, the deadline passed). */
 rg_status_t comm_local_setup(rg_comm_t *comm, rg_deadline_t deadline);
 void        comm_shm_free(rg_comm_t *comm);
+/* Once the group knows whether any host runs more of its ranks than it has cores (the same
+ * answer on every rank): settles the defaults that depend on it (comm_group.c). */
+void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
 /* Whether a collective of this kind with `bytes` per rank goes through shared memory. */
 bool        comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem);
 /* Whether the peer of x (a shared-memory transfer of req) has published its input. */

@@ -175,6 +175,9 @@ rg_status_t comm_ring_init(rg_comm_req_t *req, const comm_ring_cfg_t *cfg)
         seg *= 2;
     }
     int nseg = (int)RG_MAX((size_t)1, (max_chunk + seg - 1) / seg);
+    /* Segments of equal size, none above seg_bytes: a 512 KiB chunk at 255 KiB is three of
+     * 171 KiB, not two full ones and a 2 KiB straggler that costs a round of its own. */
+    seg = RG_MAX((size_t)1, (max_chunk + (size_t)nseg - 1) / (size_t)nseg);
 
     struct comm_ring *ring = calloc(1, sizeof(*ring));
     comm_xfer_t *xfers = calloc((size_t)nseg * 2, sizeof(*xfers));

@@ -278,6 +278,16 @@ rg_status_t comm_local_setup(rg_comm_t *comm, rg_deadline_t deadline)
         comm->n_local += p != comm->rank && cards[p].host == card.host;
     }
     comm->oversubscribed = comm->n_local > card.ncpu;
+    /* The same answer on every rank, from the same cards. */
+    bool any_over = false;
+    for (int p = 0; p < n && !any_over; p++) {
+        int on_host = 0;
+        for (int q = 0; q < n; q++) {
+            on_host += cards[q].host == cards[p].host;
+        }
+        any_over = on_host > cards[p].ncpu;
+    }
+    comm_tune(comm, any_over);
     int32_t ok = comm->shm != NULL && comm->n_local == n && comm_shm_attach(comm, cards);
     free(cards);
     st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I32, RG_OP_MIN, &opts);

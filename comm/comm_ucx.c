@@ -42,10 +42,11 @@ static void comm_ucx_config_defaults(ucp_config_t *config, int size)
          * in peer-failure mode rendezvous is copied through the same lane anyway. */
         {"RNDV_THRESH", "RNDV_THRESH", "inf"},
         /* tcp: UCX's defaults (8 KiB sends, 64 KiB receives) cut a ring segment into 32
-         * fragments, each a system call and, past 20 KiB, a rendezvous round trip. With these a
-         * 256 KiB segment is one eager message: loopback busbw at 1 MiB went from 3.1 to 4.7
-         * GB/s with 2 ranks. Costs (grown 8 buffers at a time) 2 MiB of send and 4 MiB of
-         * receive buffers per worker. */
+         * fragments, each a system call and, past 20 KiB, a rendezvous round trip. With these
+         * a segment just under 256 KiB is one eager message, and one of 256 KiB goes by
+         * rendezvous (comm_group.c chooses between them): loopback busbw at
+         * 1 MiB went from 3.1 to 4.7 GB/s with 2 ranks. Costs (grown 8 buffers at a time)
+         * 2 MiB of send and 4 MiB of receive buffers per worker. */
         {"TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "256K"},
         {"TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "512K"},
     };

@@ -360,6 +360,13 @@ START_TEST(test_matrix_4) { run_matrix(4, NULL, NULL, false); }
 END_TEST
 START_TEST(test_matrix_8) { run_matrix(8, NULL, NULL, false); }
 END_TEST
+/* Over tcp, 2 ranks: ring segments below UCX's eager limit, cut evenly (unless this host has
+ * a single core, where they are rendezvous sized). */
+START_TEST(test_matrix_tcp_2)
+{
+    run_matrix(2, "UCX_TLS=tcp", NULL, false);
+}
+END_TEST
 START_TEST(test_matrix_tcp_3)
 {
     run_matrix(3, "UCX_TLS=tcp", NULL, true);
@@ -482,6 +489,7 @@ int main(void)
     tcase_add_test(tc, test_matrix_3);
     tcase_add_test(tc, test_matrix_4);
     tcase_add_test(tc, test_matrix_8);
+    tcase_add_test(tc, test_matrix_tcp_2);
     tcase_add_test(tc, test_matrix_tcp_3);
     tcase_add_test(tc, test_matrix_ring_forced_3);
     tcase_add_test(tc, test_matrix_ring_forced_4);
