@@ -33,7 +33,8 @@
  * detection of dead peers are the same on that path. When the group has more ranks on this
  * host than the process may use cores, a waiting rank yields its core at once. Algorithm
  * tuning: see REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW
- * and REGROUP_COMM_RHD_MAX_BYTES in docs/benchmarks.md.
+ * and REGROUP_COMM_RHD_MAX_BYTES in docs/benchmarks.md; set them alike on every rank (the
+ * launcher passes its environment to all), since they decide how messages are cut.
  *
  * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
  * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA) and a CUDA
