@@ -478,6 +478,93 @@ START_TEST(test_large_allreduce_2)
 }
 END_TEST
 
+/* 64 MiB through every collective, each with another dtype and op; on 3 ranks the chunks are
+ * uneven (16 Mi f32 elements do not divide by 3). */
+static int large_ops(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    (void)arg;
+    const size_t bytes = (size_t)64 << 20;
+    const int root = size - 1;
+    char *a = malloc(bytes + 64);
+    char *b = malloc(bytes + 64);
+    if (a == NULL || b == NULL) {
+        free(a);
+        free(b);
+        FAIL("out of memory");
+    }
+    int rc = 0;
+    /* allreduce, bf16 avg, out of place: rounding over 32 Mi elements */
+    size_t n = bytes / 2;
+    fill(RG_DTYPE_BF16, RG_OP_AVG, rank, a, 0, n);
+    rg_status_t st = rg_comm_allreduce(comm, a, b, n, RG_DTYPE_BF16, RG_OP_AVG, NULL);
+    long bad = st == RG_OK ? check_reduced(RG_DTYPE_BF16, RG_OP_AVG, size, b, 0, n) : -1;
+    if (st != RG_OK || bad >= 0) {
+        fprintf(stderr, "rank %d: 64 MiB bf16 avg allreduce: %s, wrong element %ld\n", rank,
+                st == RG_OK ? "ok" : rg_last_error(), bad);
+        rc = 1;
+        goto out;
+    }
+    /* reduce_scatter, f64 max, in place: each rank's block of about 64 MiB / size */
+    n = bytes / 8 / (size_t)size;
+    fill(RG_DTYPE_F64, RG_OP_MAX, rank, a, 0, n * (size_t)size);
+    st = rg_comm_reduce_scatter(comm, RG_COMM_IN_PLACE, a, n, RG_DTYPE_F64, RG_OP_MAX, NULL);
+    bad = st == RG_OK ? check_reduced(RG_DTYPE_F64, RG_OP_MAX, size, a + (size_t)rank * n * 8,
+                                      (size_t)rank * n, n)
+                      : -1;
+    if (st != RG_OK || bad >= 0) {
+        fprintf(stderr, "rank %d: 64 MiB f64 max reduce_scatter: %s, wrong element %ld\n",
+                rank, st == RG_OK ? "ok" : rg_last_error(), bad);
+        rc = 1;
+        goto out;
+    }
+    /* allgather, i32, out of place */
+    n = bytes / 4 / (size_t)size;
+    fill(RG_DTYPE_I32, RG_OP_SUM, rank, a, (size_t)rank * n, n);
+    st = rg_comm_allgather(comm, a, b, n, RG_DTYPE_I32, NULL);
+    for (int r = 0; st == RG_OK && r < size && rc == 0; r++) {
+        fill(RG_DTYPE_I32, RG_OP_SUM, r, a, (size_t)r * n, n);
+        rc = memcmp(a, b + (size_t)r * n * 4, n * 4) != 0;
+    }
+    if (st != RG_OK || rc != 0) {
+        fprintf(stderr, "rank %d: 64 MiB i32 allgather: %s\n", rank,
+                st == RG_OK ? "wrong result" : rg_last_error());
+        rc = 1;
+        goto out;
+    }
+    /* broadcast, u8, from the last rank: the root's bytes everywhere */
+    for (size_t i = 0; i < bytes; i++) {
+        a[i] = (char)(i * 131 + 7);
+    }
+    if (rank == root) {
+        memcpy(b, a, bytes);
+    } else {
+        memset(b, 0x5a, bytes);
+    }
+    st = rg_comm_broadcast(comm, b, bytes, RG_DTYPE_U8, root, NULL);
+    if (st != RG_OK || memcmp(a, b, bytes) != 0) {
+        fprintf(stderr, "rank %d: 64 MiB broadcast from %d: %s\n", rank, root,
+                st == RG_OK ? "wrong result" : rg_last_error());
+        rc = 1;
+    }
+out:
+    free(a);
+    free(b);
+    return rc;
+}
+
+START_TEST(test_large_ops_3)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
+    ck_assert(comm_run(3, large_ops, NULL, &o, NULL));
+}
+END_TEST
+START_TEST(test_large_ops_tcp_4)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200, .env = {"UCX_TLS=tcp", NULL}};
+    ck_assert(comm_run(4, large_ops, NULL, &o, NULL));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("comm");
@@ -498,6 +585,8 @@ int main(void)
     tcase_add_test(tc, test_matrix_noshm_3);
     tcase_add_test(tc, test_shm_segments);
     tcase_add_test(tc, test_large_allreduce_2);
+    tcase_add_test(tc, test_large_ops_3);
+    tcase_add_test(tc, test_large_ops_tcp_4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
