@@ -108,14 +108,15 @@ static int fault_rank(rg_comm_t *comm, int rank, int size, void *argp)
     return 0;
 }
 
-static void run_fault(int n, int victim, size_t count, bool stop, int64_t deadline_ms,
-                      const char *env)
+static void run_fault2(int n, int victim, size_t count, bool stop, int64_t deadline_ms,
+                       const char *env0, const char *env1)
 {
     fault_arg_t a = {.victim = victim, .deadline_ms = deadline_ms, .count = count, .stop = stop,
                      .post = count >= (4u << 20)};
     /* Survivors stay alive until all of them have checked their result: one that exits
      * early is a second failure the others could see first. */
-    comm_test_opts_t o = {.stop_rank = stop ? victim : -1, .timeout_s = 60, .env = {env, NULL},
+    comm_test_opts_t o = {.stop_rank = stop ? victim : -1, .timeout_s = 60,
+                          .env = {env0, env1, NULL},
                           .hold_count = n - 1};
     comm_test_result_t res;
     (void)comm_run(n, fault_rank, &a, &o, &res);
@@ -129,6 +130,12 @@ static void run_fault(int n, int victim, size_t count, bool stop, int64_t deadli
             ck_assert_msg(res.status[r] == 0, "rank %d failed (%d)", r, res.status[r]);
         }
     }
+}
+
+static void run_fault(int n, int victim, size_t count, bool stop, int64_t deadline_ms,
+                      const char *env)
+{
+    run_fault2(n, victim, count, stop, deadline_ms, env, NULL);
 }
 
 START_TEST(test_kill_during_ring_allreduce_shm)
@@ -154,6 +161,14 @@ END_TEST
 START_TEST(test_kill_during_allreduce_tcp)
 {
     run_fault(4, 1, 1u << 20, false, 5000, "UCX_TLS=tcp");
+}
+END_TEST
+
+/* The ring over tcp with eager segments (what a host with a core per rank gets; these 4
+ * ranks on 2 cores would get rendezvous-sized ones): 16 MiB, a rank killed mid-way. */
+START_TEST(test_kill_during_ring_allreduce_tcp_eager)
+{
+    run_fault2(4, 3, 4u << 20, false, 5000, "UCX_TLS=tcp", "REGROUP_COMM_SEGMENT_BYTES=261120");
 }
 END_TEST
 
@@ -310,6 +325,7 @@ int main(void)
     tcase_add_test(tc, test_kill_during_small_allreduce_shm);
     tcase_add_test(tc, test_kill_during_small_allreduce_ucx);
     tcase_add_test(tc, test_kill_during_allreduce_tcp);
+    tcase_add_test(tc, test_kill_during_ring_allreduce_tcp_eager);
     tcase_add_test(tc, test_stop_times_out);
     tcase_add_test(tc, test_stop_times_out_ucx);
     tcase_add_test(tc, test_stop_times_out_ring);
