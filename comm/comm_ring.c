@@ -91,6 +91,9 @@ static rg_status_t ring_post(rg_comm_req_t *req, int j)
     }
     xs[0].active = false;
     xs[1].active = false;
+    /* Marked before posting: a transfer that fails fails the group, which finishes this
+     * request and frees the ring before the call returns. */
+    ring->posted[j] = true;
     rg_status_t st = RG_OK;
     if (rlen > 0) {
         int left = ring_mod(r - 1, n);
@@ -101,7 +104,6 @@ static rg_status_t ring_post(rg_comm_req_t *req, int j)
         st = comm_xfer_send(req, &xs[1], ring_mod(r + 1, n), comm_tag(req->comm, r, req->seq, sub),
                             src, slen * req->esize);
     }
-    ring->posted[j] = true;
     return st;
 }
 
