@@ -1,10 +1,12 @@
 /*
  * Building a group from a round: worker addresses exchanged through etcd.
  *
- * Rank r puts its UCX worker address (binary) at <prefix><r>, then reads the prefix until
- * every rank's address is there, backing off from 1 ms to 20 ms between reads and progressing
- * its worker meanwhile (a peer's wire-up needs this worker to progress), and finally creates
- * one endpoint per peer.
+ * Rank r puts a header and its UCX worker address (binary) at <prefix><r>, then reads the
+ * prefix until every rank's address is there, backing off from 1 ms to 20 ms between reads
+ * and progressing its worker meanwhile (a peer's wire-up needs this worker to progress), and
+ * finally creates one endpoint per peer. The header carries the tuning values that decide how
+ * a message is cut into transfers: ranks that differ there would wait on transfers that never
+ * come, so creation fails at once instead, naming the rank and the values.
  */
 #include "comm_internal.h"
 
@@ -18,6 +20,50 @@
 #define COMM_DEFAULT_CREATE_MS 30000
 #define COMM_MAX_ADDRESS       (64 * 1024)
 #define COMM_MAX_PREFIX        256
+
+/* Before the address in the published value (host byte order; docs/etcd-keys.md). */
+typedef struct {
+    char     magic[4];   /* "RGC1" */
+    uint32_t reserved;
+    uint64_t ring_min;   /* REGROUP_COMM_RING_MIN_BYTES */
+    uint64_t rhd_max;    /* REGROUP_COMM_RHD_MAX_BYTES */
+    uint64_t seg;        /* REGROUP_COMM_SEGMENT_BYTES */
+} comm_wire_hdr_t;
+
+static const char comm_wire_magic[4] = {'R', 'G', 'C', '1'};
+
+static void comm_wire_hdr(const rg_comm_t *comm, comm_wire_hdr_t *h)
+{
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, comm_wire_magic, sizeof(h->magic));
+    h->ring_min = comm->ring_min_bytes;
+    h->rhd_max = comm->rhd_max_bytes;
+    h->seg = comm->seg_bytes;
+}
+
+/* The header of rank r's value against ours: an error naming both when they differ. */
+static rg_status_t comm_wire_check(const rg_comm_t *comm, int r, const void *value)
+{
+    comm_wire_hdr_t mine;
+    comm_wire_hdr_t theirs;
+    comm_wire_hdr(comm, &mine);
+    memcpy(&theirs, value, sizeof(theirs));
+    if (memcmp(theirs.magic, comm_wire_magic, sizeof(theirs.magic)) != 0) {
+        return rg_error(RG_EPROTO, "rank %d published its address in a format this build "
+                        "does not read (another regroup version?)", r);
+    }
+    if (theirs.ring_min == mine.ring_min && theirs.rhd_max == mine.rhd_max &&
+        theirs.seg == mine.seg) {
+        return RG_OK;
+    }
+    return rg_error(RG_EINVAL, "rank %d runs with REGROUP_COMM_RING_MIN_BYTES=%llu "
+                    "REGROUP_COMM_RHD_MAX_BYTES=%llu REGROUP_COMM_SEGMENT_BYTES=%llu, rank %d "
+                    "with %llu %llu %llu: set them, and UCX_TLS (their defaults follow it), "
+                    "alike on every rank", r, (unsigned long long)theirs.ring_min,
+                    (unsigned long long)theirs.rhd_max, (unsigned long long)theirs.seg,
+                    comm->rank, (unsigned long long)mine.ring_min,
+                    (unsigned long long)mine.rhd_max, (unsigned long long)mine.seg);
+}
 
 static rg_status_t env_get(const char *name, char *out, size_t cap)
 {
@@ -120,7 +166,8 @@ static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const c
             rg_debug("ignoring key %s under the group's prefix", kv->key);
             continue;
         }
-        if (kv->value_len == 0 || kv->value_len > COMM_MAX_ADDRESS) {
+        const size_t hl = sizeof(comm_wire_hdr_t);
+        if (kv->value_len <= hl || kv->value_len > hl + COMM_MAX_ADDRESS) {
             st = rg_error(RG_EPROTO, "address of rank %lld under %s has %zu bytes",
                           (long long)r, prefix, kv->value_len);
             break;
@@ -128,13 +175,17 @@ static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const c
         if (addrs[r] != NULL) {
             continue;
         }
-        addrs[r] = malloc(kv->value_len);
+        st = comm_wire_check(comm, (int)r, kv->value);
+        if (st != RG_OK) {
+            break;
+        }
+        addrs[r] = malloc(kv->value_len - hl);
         if (addrs[r] == NULL) {
             st = rg_error(RG_ENOMEM, "out of memory for addresses");
             break;
         }
-        memcpy(addrs[r], kv->value, kv->value_len);
-        lens[r] = kv->value_len;
+        memcpy(addrs[r], kv->value + hl, kv->value_len - hl);
+        lens[r] = kv->value_len - hl;
         (*n_found)++;
     }
     rg_etcd_range_cleanup(&res);
@@ -150,6 +201,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     rg_status_t st;
     ucp_address_t *addr = NULL;
     size_t addr_len = 0;
+    char *value = NULL;
     void **addrs = calloc((size_t)comm->size, sizeof(*addrs));
     size_t *lens = calloc((size_t)comm->size, sizeof(*lens));
     if (addrs == NULL || lens == NULL) {
@@ -162,7 +214,16 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     }
     char key[COMM_MAX_PREFIX + 16];
     snprintf(key, sizeof(key), "%s%d", prefix, comm->rank);
-    rg_etcd_put_req_t put = {.key = key, .value = addr, .value_len = addr_len};
+    value = malloc(sizeof(comm_wire_hdr_t) + addr_len);
+    if (value == NULL) {
+        st = rg_error(RG_ENOMEM, "out of memory for addresses");
+        goto out;
+    }
+    comm_wire_hdr_t hdr;
+    comm_wire_hdr(comm, &hdr);
+    memcpy(value, &hdr, sizeof(hdr));
+    memcpy(value + sizeof(hdr), addr, addr_len);
+    rg_etcd_put_req_t put = {.key = key, .value = value, .value_len = sizeof(hdr) + addr_len};
     st = rg_etcd_put(etcd, &put, deadline, NULL);
     if (st != RG_OK) {
         st = rg_error_wrap(st, "publishing the address of rank %d", comm->rank);
@@ -187,6 +248,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
         st = comm_ucx_connect(comm, addrs, lens, deadline);
     }
 out:
+    free(value);
     comm_ucx_release_address(comm, addr);
     for (int p = 0; addrs != NULL && p < comm->size; p++) {
         free(addrs[p]);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,6 +293,63 @@ START_TEST(test_create_times_out)
 }
 END_TEST
 
+/* Two ranks whose REGROUP_COMM_SEGMENT_BYTES differ would cut a message differently and wait
+ * on transfers that never come: creation fails on both at once, naming the variable. */
+START_TEST(test_create_knobs_differ)
+{
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    char prefix[96];
+    snprintf(prefix, sizeof(prefix), "/regroup/knobs-%d/rounds/0/store/comm/", (int)getpid());
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            if (r == 1) {
+                setenv("REGROUP_COMM_SEGMENT_BYTES", "4096", 1);
+            }
+            rg_comm_t *comm = NULL;
+            rg_comm_params_t p = {.rank = r, .size = 2, .etcd_endpoints = comm_test_etcd(),
+                                  .key_prefix = prefix, .create_timeout_ms = 20000};
+            uint64_t t0 = rg_now_ns();
+            rg_status_t st = rg_comm_create(&p, &comm);
+            double ms = (double)(rg_now_ns() - t0) / 1e6;
+            bool ok = st == RG_EINVAL && comm == NULL && ms < 10000 &&
+                      strstr(rg_last_error(), "REGROUP_COMM_SEGMENT_BYTES") != NULL &&
+                      strstr(rg_last_error(), r == 0 ? "rank 1" : "rank 0") != NULL;
+            if (!ok) {
+                fprintf(stderr, "rank %d: create returned %s after %.0f ms: %s\n", r,
+                        rg_status_name(st), ms, rg_last_error());
+            }
+            rg_comm_destroy(comm);
+            _exit(ok ? 0 : 1);
+        }
+    }
+    /* Bounded: each child's create has a 20 s deadline; they are killed past 30 s. */
+    int status[2] = {0, 0};
+    bool done[2] = {false, false};
+    uint64_t end = rg_now_ns() + 30ull * 1000000000ull;
+    while (!(done[0] && done[1]) && rg_now_ns() < end) {
+        for (int r = 0; r < 2; r++) {
+            done[r] = done[r] || waitpid(pids[r], &status[r], WNOHANG) == pids[r];
+        }
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = 10000000};
+        nanosleep(&nap, NULL);
+    }
+    for (int r = 0; r < 2; r++) {
+        if (!done[r]) {
+            kill(pids[r], SIGKILL);
+            waitpid(pids[r], &status[r], 0);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(done[r], "rank %d did not finish creating within 30 s", r);
+        ck_assert_msg(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                      "rank %d: wrong result (see stderr)", r);
+    }
+}
+END_TEST
+
 START_TEST(test_env_read)
 {
     rg_comm_env_t env;
@@ -332,6 +390,7 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_create_bad_params);
     tcase_add_test(tc, test_create_times_out);
+    tcase_add_test(tc, test_create_knobs_differ);
     tcase_add_test(tc, test_env_read);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

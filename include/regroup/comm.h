@@ -34,7 +34,8 @@
  * host than the process may use cores, a waiting rank yields its core at once. Algorithm
  * tuning: see REGROUP_COMM_RING_MIN_BYTES, REGROUP_COMM_SEGMENT_BYTES, REGROUP_COMM_RING_WINDOW
  * and REGROUP_COMM_RHD_MAX_BYTES in docs/benchmarks.md; set them alike on every rank (the
- * launcher passes its environment to all), since they decide how messages are cut.
+ * launcher passes its environment to all), since they decide how messages are cut:
+ * rg_comm_create fails with RG_EINVAL, naming a rank and its values, when they differ.
  *
  * Memory: a buffer is host memory unless opts->mem_type says RG_MEM_CUDA. Device buffers are
  * given to UCX as such; reductions on them need a build with CUDA (REGROUP_CUDA) and a CUDA
@@ -109,8 +110,10 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
  * Creates the group: makes a UCX worker, publishes its address at <key_prefix><rank>, waits
  * for all `size` addresses (progressing UCX meanwhile), connects to every peer and maps the
  * peers' shared memory when all share this host (see above). Blocks up to
- * create_timeout_ms. Errors: RG_EINVAL (params), RG_ETIMEDOUT (not every rank published in
- * time), etcd errors, RG_EUNREACH (UCX could not connect). Free with rg_comm_destroy.
+ * create_timeout_ms. Errors: RG_EINVAL (params, or a rank whose REGROUP_COMM_* tuning differs
+ * from this one's), RG_ETIMEDOUT (not every rank published in time), RG_EPROTO (a published
+ * value this build cannot read), etcd errors, RG_EUNREACH (UCX could not connect). Free with
+ * rg_comm_destroy.
  */
 rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     RG_COMM_NODISCARD;
