@@ -558,6 +558,18 @@ START_TEST(test_large_ops_3)
     ck_assert(comm_run(3, large_ops, NULL, &o, NULL));
 }
 END_TEST
+START_TEST(test_large_ops_1)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
+    ck_assert(comm_run(1, large_ops, NULL, &o, NULL));
+}
+END_TEST
+START_TEST(test_large_ops_8)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
+    ck_assert(comm_run(8, large_ops, NULL, &o, NULL));
+}
+END_TEST
 START_TEST(test_large_ops_tcp_4)
 {
     comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200, .env = {"UCX_TLS=tcp", NULL}};
@@ -585,7 +597,9 @@ int main(void)
     tcase_add_test(tc, test_matrix_noshm_3);
     tcase_add_test(tc, test_shm_segments);
     tcase_add_test(tc, test_large_allreduce_2);
+    tcase_add_test(tc, test_large_ops_1);
     tcase_add_test(tc, test_large_ops_3);
+    tcase_add_test(tc, test_large_ops_8);
     tcase_add_test(tc, test_large_ops_tcp_4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
