@@ -125,11 +125,42 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env)
                             "are not allowed", env->job_id);
         }
     }
+    /* Optional: TLS files and etcd user, as the agent has them. */
+    struct {
+        const char *name;
+        char       *dst;
+        size_t      cap;
+    } opt[] = {
+        {"REGROUP_ETCD_CACERT", env->ca_file, sizeof(env->ca_file)},
+        {"REGROUP_ETCD_CERT", env->cert_file, sizeof(env->cert_file)},
+        {"REGROUP_ETCD_KEY", env->key_file, sizeof(env->key_file)},
+        {"REGROUP_ETCD_USER", env->user, sizeof(env->user)},
+        {"REGROUP_ETCD_PASSWORD", env->password, sizeof(env->password)},
+    };
+    const char *val[RG_ARRAY_SIZE(opt)];
+    for (size_t i = 0; i < RG_ARRAY_SIZE(opt); i++) {
+        const char *v = getenv(opt[i].name);
+        val[i] = NULL;
+        if (v != NULL && *v != '\0') {
+            st = env_get(opt[i].name, opt[i].dst, opt[i].cap);
+            if (st != RG_OK) {
+                return st;
+            }
+            val[i] = opt[i].dst;
+        }
+    }
+    env->etcd = (rg_etcd_params_t){.endpoints = env->endpoints,
+                                   .ca_file = val[0],
+                                   .cert_file = val[1],
+                                   .key_file = val[2],
+                                   .user = val[3],
+                                   .password = val[4]};
     snprintf(env->key_prefix, sizeof(env->key_prefix), "/regroup/%s/rounds/%lld/store/comm/",
              env->job_id, (long long)env->round);
     env->params.rank = (int)rank;
     env->params.size = (int)size;
     env->params.etcd_endpoints = env->endpoints;
+    env->params.etcd_params = &env->etcd;
     env->params.key_prefix = env->key_prefix;
     return RG_OK;
 }
@@ -286,6 +317,10 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     rg_etcd_t *own = NULL;
     if (etcd == NULL) {
         rg_etcd_params_t ep = {.endpoints = params->etcd_endpoints};
+        if (params->etcd_params != NULL) {
+            ep = *params->etcd_params;
+            ep.endpoints = params->etcd_endpoints;
+        }
         st = rg_etcd_create(&ep, &own);
         if (st != RG_OK) {
             goto err_destroy;

@@ -55,6 +55,12 @@ typedef struct {
 /* Parses argv. Returns 0, 1 if help was printed (exit 0), or 2 after printing a one-line
  * error that names the bad option. */
 int  launcher_parse(int argc, char **argv, launcher_config_t *cfg);
+/* Parses one --rdzv-conf value into cfg (`regroup status` takes the same). 0, or 2 after
+ * printing a one-line error naming the bad key. */
+int  launcher_parse_rdzv_conf(launcher_config_t *cfg, const char *conf);
+/* The etcd client parameters for endpoints with cfg's TLS files and user (strings borrowed
+ * from cfg). */
+rg_etcd_params_t launcher_etcd_params(const launcher_config_t *cfg, const char *endpoints);
 void launcher_usage(FILE *out);
 void launcher_print_config(const launcher_config_t *cfg, FILE *out);
 

@@ -274,12 +274,7 @@ int launcher_agent_main(const launcher_config_t *cfg)
     }
 
     rg_rdzv_params_t p = {
-        .etcd = {.endpoints = ag.endpoints,
-                 .user = cfg->user[0] ? cfg->user : NULL,
-                 .password = cfg->password[0] ? cfg->password : NULL,
-                 .ca_file = cfg->cacert[0] ? cfg->cacert : NULL,
-                 .cert_file = cfg->cert[0] ? cfg->cert : NULL,
-                 .key_file = cfg->key[0] ? cfg->key : NULL},
+        .etcd = launcher_etcd_params(cfg, ag.endpoints),
         .job = cfg->job,
         .addr = cfg->local_addr,
         .nproc = cfg->nproc,

@@ -171,6 +171,21 @@ static int parse_rdzv_conf(launcher_config_t *cfg, const char *conf, const char 
     return 0;
 }
 
+int launcher_parse_rdzv_conf(launcher_config_t *cfg, const char *conf)
+{
+    return parse_rdzv_conf(cfg, conf, "--rdzv-conf");
+}
+
+rg_etcd_params_t launcher_etcd_params(const launcher_config_t *cfg, const char *endpoints)
+{
+    return (rg_etcd_params_t){.endpoints = endpoints,
+                              .user = cfg->user[0] ? cfg->user : NULL,
+                              .password = cfg->password[0] ? cfg->password : NULL,
+                              .ca_file = cfg->cacert[0] ? cfg->cacert : NULL,
+                              .cert_file = cfg->cert[0] ? cfg->cert : NULL,
+                              .key_file = cfg->key[0] ? cfg->key : NULL};
+}
+
 static int apply(launcher_config_t *cfg, const opt_t *o, const char *v, const char *src)
 {
     long n;

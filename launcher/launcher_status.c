@@ -7,9 +7,7 @@ int launcher_status_main(int argc, char **argv)
 {
     const char *endpoint = NULL;
     const char *job = NULL;
-    char user[128] = "";
-    char password[128] = "";
-    char cacert[512] = "";
+    static launcher_config_t cfg; /* only its --rdzv-conf fields */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -33,20 +31,12 @@ int launcher_status_main(int argc, char **argv)
         } else if (strcmp(name, "--rdzv-id") == 0 && v) {
             job = v + 1;
         } else if (strcmp(name, "--rdzv-conf") == 0 && v) {
-            char buf[1024];
-            snprintf(buf, sizeof(buf), "%s", v + 1);
-            for (char *s = NULL, *kv = strtok_r(buf, ",", &s); kv; kv = strtok_r(NULL, ",", &s)) {
-                if (strncmp(kv, "user=", 5) == 0) {
-                    snprintf(user, sizeof(user), "%s", kv + 5);
-                } else if (strncmp(kv, "password=", 9) == 0) {
-                    snprintf(password, sizeof(password), "%s", kv + 9);
-                } else if (strncmp(kv, "cacert=", 7) == 0) {
-                    snprintf(cacert, sizeof(cacert), "%s", kv + 7);
-                }
+            if (launcher_parse_rdzv_conf(&cfg, v + 1) != 0) {
+                return 2;
             }
         } else if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
             printf("usage: regroup status --rdzv-endpoint=HOST:PORT[,...] --rdzv-id=JOB "
-                   "[--rdzv-conf=user=U,password=P,cacert=F]\n");
+                   "[--rdzv-conf=user=U,password=P,cacert=F,cert=F,key=F]\n");
             return 0;
         } else {
             fprintf(stderr, "regroup status: %s: unknown option or missing value\n", a);
@@ -57,10 +47,7 @@ int launcher_status_main(int argc, char **argv)
         fprintf(stderr, "regroup status: --rdzv-endpoint and --rdzv-id are required\n");
         return 2;
     }
-    rg_etcd_params_t p = {.endpoints = endpoint,
-                          .user = user[0] ? user : NULL,
-                          .password = password[0] ? password : NULL,
-                          .ca_file = cacert[0] ? cacert : NULL};
+    rg_etcd_params_t p = launcher_etcd_params(&cfg, endpoint);
     rg_status_t st = rg_rdzv_status_print(&p, job, stdout);
     if (st != RG_OK) {
         if (st != RG_ENOENT) {

@@ -89,6 +89,21 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     env_add(e, "TORCHELASTIC_ERROR_FILE", "%s", w->error_file);
     env_add(e, "TORCHELASTIC_USE_AGENT_STORE", "False");
     env_add(e, "REGROUP_ETCD_ENDPOINTS", "%s", sp->endpoints);
+    /* The workers' own etcd clients (their group's wire-up, progress and checkpoint keys)
+     * need what the agent's needs: TLS files and the etcd user. */
+    const struct {
+        const char *name;
+        const char *value;
+    } creds[] = {
+        {"REGROUP_ETCD_CACERT", cfg->cacert}, {"REGROUP_ETCD_CERT", cfg->cert},
+        {"REGROUP_ETCD_KEY", cfg->key},       {"REGROUP_ETCD_USER", cfg->user},
+        {"REGROUP_ETCD_PASSWORD", cfg->password},
+    };
+    for (size_t i = 0; i < RG_ARRAY_SIZE(creds); i++) {
+        if (creds[i].value[0] != '\0') {
+            env_add(e, creds[i].name, "%s", creds[i].value);
+        }
+    }
     env_add(e, "REGROUP_JOB_ID", "%s", cfg->job);
     env_add(e, "REGROUP_ROUND", "%d", a->round);
     env_add(e, "REGROUP_NODE_ADDR", "%s", cfg->local_addr);

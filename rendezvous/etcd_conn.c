@@ -237,6 +237,15 @@ static rg_status_t status_from_curl(etcd_conn_t *conn, size_t i, const char *pat
         return rg_error(RG_EAUTH, "etcd %s: %s: TLS failed: %s", conn->urls[i], path, detail);
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
+        /* With TLS 1.3 a server that refuses the client's certificate says so with an alert
+         * on the first read after the handshake: not a lost connection worth retrying. */
+        if (strstr(detail, " alert ") != NULL) {
+            return rg_error(RG_EAUTH, "etcd %s: %s: TLS refused by the server (is a client "
+                            "certificate it trusts required?): %s", conn->urls[i], path,
+                            detail);
+        }
+        return rg_error(RG_EAGAIN, "etcd %s: %s: connection lost: %s", conn->urls[i], path,
+                        detail);
     case CURLE_GOT_NOTHING:
         return rg_error(RG_EAGAIN, "etcd %s: %s: connection lost: %s", conn->urls[i], path,
                         detail);

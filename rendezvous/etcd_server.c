@@ -236,10 +236,11 @@ fail:
     return -1;
 }
 
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key)
+int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
+                             const char *extra_flags)
 {
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, NULL, cert, key, NULL) == 0) {
+        if (start_all(e, 1, extra_flags, cert, key, NULL) == 0) {
             return 0;
         }
     }

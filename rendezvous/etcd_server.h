@@ -39,8 +39,11 @@ int rg_free_port(void);
 /* Starts a one-member etcd. extra_flags may be NULL. Returns 0, or -1 with the reason in
  * rg_last_error(). */
 int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags);
-/* Starts a one-member etcd serving clients over TLS with the given certificate and key. */
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key);
+/* Starts a one-member etcd serving clients over TLS with the given certificate and key;
+ * extra_flags (may be NULL) as for rg_etcd_server_start, e.g. to require client
+ * certificates. */
+int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
+                             const char *extra_flags);
 /* Starts an n-member cluster on loopback and waits for all members and a leader. */
 int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags);
 /* The same, serving clients also on also_host (an address of a network namespace the caller

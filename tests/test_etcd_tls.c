@@ -1,6 +1,7 @@
 /* The etcd client over TLS: a CA made for the test, a server certificate for 127.0.0.1. */
 #include "rg_common.h"
 #include "etcd_server.h"
+#include "test_util.h"
 
 #include <regroup/etcd.h>
 
@@ -13,23 +14,9 @@ static char dir[256];
 
 static void make_certs(void)
 {
-    char cmd[2048];
     snprintf(dir, sizeof(dir), "/tmp/rg-tls-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd),
-             "(cd %s && "
-             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rg-test-ca "
-             "-keyout ca.key -out ca.pem && "
-             "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout srv.key "
-             "-out srv.csr && "
-             "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' "
-             "> ext.cnf && "
-             "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-             "-extfile ext.cnf -out srv.pem && "
-             "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
-             "-keyout other.key -out other.pem) >/dev/null 2>&1",
-             dir);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert(test_make_certs(dir));
 }
 
 static void remove_certs(void)
@@ -54,7 +41,7 @@ START_TEST(test_tls_round_trip)
     snprintf(key, sizeof(key), "%s/srv.key", dir);
     snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
     snprintf(other, sizeof(other), "%s/other.pem", dir);
-    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key), 0);
+    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key, NULL), 0);
 
     rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .timeout_ms = 3000};
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
@@ -86,12 +73,61 @@ START_TEST(test_tls_round_trip)
 }
 END_TEST
 
+/* A server that requires client certificates: a client that has one signed by the CA gets
+ * in, one without is refused and told so. */
+START_TEST(test_tls_client_certificate)
+{
+    rg_etcd_server_t srv;
+    char cert[300];
+    char key[300];
+    char ca[300];
+    char cli_cert[300];
+    char cli_key[300];
+    char flags[400];
+    rg_etcd_t *c;
+    rg_status_t st = RG_ETIMEDOUT;
+
+    make_certs();
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    snprintf(cli_cert, sizeof(cli_cert), "%s/cli.pem", dir);
+    snprintf(cli_key, sizeof(cli_key), "%s/cli.key", dir);
+    snprintf(flags, sizeof(flags), "--client-cert-auth --trusted-ca-file %s", ca);
+    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key, flags), 0);
+
+    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .cert_file = cli_cert,
+                          .key_file = cli_key, .timeout_ms = 3000};
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    for (int i = 0; i < 100 && st != RG_OK; i++) {
+        st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+        if (st != RG_OK) {
+            rg_sleep_ms(50);
+        }
+    }
+    ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    rg_etcd_destroy(c);
+
+    p.cert_file = NULL;
+    p.key_file = NULL;
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+    ck_assert_msg(st == RG_EAUTH, "%s: %s", rg_status_name(st), rg_last_error());
+    ck_assert_msg(strstr(rg_last_error(), "TLS") != NULL, "%s", rg_last_error());
+    rg_etcd_destroy(c);
+
+    rg_etcd_server_stop(&srv);
+    remove_certs();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("etcd_tls");
     TCase *tc = tcase_create("tls");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tls_round_trip);
+    tcase_add_test(tc, test_tls_client_certificate);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

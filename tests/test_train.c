@@ -8,6 +8,8 @@
 #include "rg_common.h"
 #include "test_util.h"
 
+#include <regroup/etcd.h>
+
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -212,6 +215,78 @@ START_TEST(test_exact_with_node_joining)
 }
 END_TEST
 
+/* A 2-rank rg-exact job whose etcd the agent reaches with the --rdzv-conf in conf: the workers
+ * must reach it the same way (their group's wire-up, progress and checkpoint keys). */
+static void run_exact_on(const char *name, const char *endpoints, const char *conf)
+{
+    char ep[600];
+    char id[64];
+    char ck[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", endpoints);
+    snprintf(id, sizeof(id), "--rdzv-id=%s", name);
+    snprintf(ck, sizeof(ck), "%s/%s", ckpt, name);
+    ck_assert_int_eq(mkdir(ck, 0700), 0);
+    setenv("REGROUP_CKPT_DIR", ck, 1);
+    char *argv[] = {REGROUP_BIN, ep, id, "--nnodes=1", "--nproc-per-node=2", (char *)conf,
+                    RG_EXACT_BIN, "--epochs", "2", NULL};
+    pid_t pid = spawn(name, argv);
+    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+}
+
+/* etcd over TLS that requires client certificates, then etcd with a user and password. */
+START_TEST(test_exact_secured_etcd)
+{
+    rg_etcd_server_t srv;
+    char certs[320];
+    char path[4][400];
+    char flags[500];
+    char conf[1400];
+    snprintf(certs, sizeof(certs), "%s/certs", dir);
+    ck_assert_int_eq(mkdir(certs, 0700), 0);
+    ck_assert(test_make_certs(certs));
+    static const char *const files[] = {"srv.pem", "srv.key", "ca.pem", "cli.pem"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path[i], sizeof(path[i]), "%s/%s", certs, files[i]);
+    }
+    snprintf(flags, sizeof(flags), "--client-cert-auth --trusted-ca-file %s", path[2]);
+    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, path[0], path[1], flags), 0);
+    /* The port opens before the member has elected itself: wait until a put goes through. */
+    char key[400];
+    snprintf(key, sizeof(key), "%s/cli.key", certs);
+    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = path[2],
+                          .cert_file = path[3], .key_file = key, .timeout_ms = 3000};
+    rg_etcd_t *c;
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    rg_status_t st = RG_ETIMEDOUT;
+    for (int i = 0; i < 100 && st != RG_OK; i++) {
+        st = rg_etcd_put_str(c, "/ready", "1", 0, 0, NULL);
+        if (st != RG_OK) {
+            rg_sleep_ms(50);
+        }
+    }
+    rg_etcd_destroy(c);
+    ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    snprintf(conf, sizeof(conf), "--rdzv-conf=cacert=%s,cert=%s,key=%s", path[2], path[3],
+             key);
+    run_exact_on("tls", srv.endpoints, conf);
+    /* `regroup status` reads the job with the same --rdzv-conf */
+    char ep[600];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", srv.endpoints);
+    char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=tls", conf, NULL};
+    ck_assert_int_eq(wait_exit(spawn("status", status_argv), 30000), 0);
+    ck_assert_msg(log_has("status", "job:     tls"), "regroup status did not read the job");
+    rg_etcd_server_stop(&srv);
+
+    ck_assert_int_eq(rg_etcd_server_start(&srv, NULL), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "user add root:rootpw"), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "auth enable"), 0);
+    run_exact_on("auth", srv.endpoints, "--rdzv-conf=user=root,password=rootpw");
+    rg_etcd_server_stop(&srv);
+}
+END_TEST
+
 /* rg_trainer_fit: the program runs itself on local workers, with restarts and checkpoints. */
 START_TEST(test_trainer_fit)
 {
@@ -266,6 +341,7 @@ int main(void)
     tcase_add_loop_test(tc, test_exact_world_sizes, 0, 4);
     tcase_add_test(tc, test_exact_after_worker_kill);
     tcase_add_test(tc, test_exact_with_node_joining);
+    tcase_add_test(tc, test_exact_secured_etcd);
     tcase_add_test(tc, test_mlp_loss_falls_at_world_2);
     tcase_add_test(tc, test_trainer_fit);
     suite_add_tcase(s, tc);

@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool test_file_contains(const char *path, const char *text)
@@ -17,4 +18,28 @@ bool test_file_contains(const char *path, const char *text)
     buf[n] = '\0';
     fclose(f);
     return strstr(buf, text) != NULL;
+}
+
+bool test_make_certs(const char *dir)
+{
+    char cmd[2048];
+    int n = snprintf(
+        cmd, sizeof(cmd),
+        "(cd '%s' && "
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rg-test-ca "
+        "-keyout ca.key -out ca.pem && "
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout srv.key -out srv.csr && "
+        "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' "
+        "> srv.cnf && "
+        "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-extfile srv.cnf -out srv.pem && "
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=rg-test-client -keyout cli.key "
+        "-out cli.csr && "
+        "printf 'extendedKeyUsage=clientAuth\\n' > cli.cnf && "
+        "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-extfile cli.cnf -out cli.pem && "
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+        "-keyout other.key -out other.pem) >/dev/null 2>&1",
+        dir);
+    return n > 0 && (size_t)n < sizeof(cmd) && system(cmd) == 0;
 }

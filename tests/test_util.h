@@ -7,4 +7,9 @@
 /* True if the file's first MiB contains text (false if it cannot be read). */
 bool test_file_contains(const char *path, const char *text);
 
+/* Makes, with the openssl command, in dir: a test CA (ca.pem, ca.key), a certificate it signed
+ * for a server on 127.0.0.1 (srv.pem, srv.key), one it signed for a client (cli.pem, cli.key)
+ * and an unrelated CA (other.pem). False if openssl failed. */
+bool test_make_certs(const char *dir);
+
 #endif

@@ -95,7 +95,8 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     snprintf(ctx->endpoints, sizeof(ctx->endpoints), "%s", env->endpoints);
     rg_log_set_identity(ctx->rank, ctx->round);
 
-    rg_etcd_params_t ep = {.endpoints = ctx->endpoints};
+    rg_etcd_params_t ep = env->etcd; /* TLS files and user from the launcher */
+    ep.endpoints = ctx->endpoints;
     st = rg_etcd_create(&ep, &ctx->etcd);
     if (st != RG_OK) {
         goto err;

@@ -85,6 +85,8 @@ typedef struct {
     int         size;            /* 1..RG_COMM_MAX_SIZE */
     rg_etcd_t  *etcd;            /* borrowed client; or NULL and etcd_endpoints */
     const char *etcd_endpoints;  /* used when etcd is NULL: the group makes its own client */
+    const rg_etcd_params_t *etcd_params; /* optional, when etcd is NULL: TLS files and user
+                                            for that client (its endpoints field is ignored) */
     const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
     int64_t     timeout_ms;      /* default deadline of each operation; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
@@ -93,16 +95,25 @@ typedef struct {
 /* Caller storage for the parameters read from a launcher's environment. */
 typedef struct {
     rg_comm_params_t params;     /* ready for rg_comm_create (points into this struct) */
+    rg_etcd_params_t etcd;       /* for any other etcd client of the worker (same storage) */
     char endpoints[1024];
     char job_id[128];
     int64_t round;
     char key_prefix[320];
+    char ca_file[512];
+    char cert_file[512];
+    char key_file[512];
+    char user[128];
+    char password[128];
 } rg_comm_env_t;
 
 /*
- * Reads RANK, WORLD_SIZE, REGROUP_ETCD_ENDPOINTS, REGROUP_JOB_ID and REGROUP_ROUND into *env
- * and sets env->params for the round's store: "/regroup/<job>/rounds/<round>/store/comm/".
- * Non-blocking. RG_EINVAL naming the variable when one is missing or malformed.
+ * Reads RANK, WORLD_SIZE, REGROUP_ETCD_ENDPOINTS, REGROUP_JOB_ID and REGROUP_ROUND, and the
+ * optional REGROUP_ETCD_CACERT, REGROUP_ETCD_CERT, REGROUP_ETCD_KEY, REGROUP_ETCD_USER and
+ * REGROUP_ETCD_PASSWORD (the launcher passes its --rdzv-conf cacert, cert, key, user and
+ * password on), into *env; sets env->etcd for an etcd client and env->params for the round's
+ * store: "/regroup/<job>/rounds/<round>/store/comm/". Non-blocking. RG_EINVAL naming the
+ * variable when one is missing, malformed or too long.
  */
 rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
 
