@@ -299,8 +299,8 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
         return rg_error(RG_EINVAL, "rg_comm_create: key_prefix must have 1..%d characters",
                         COMM_MAX_PREFIX);
     }
-    if (params->etcd == NULL && (params->etcd_endpoints == NULL ||
-                                 params->etcd_endpoints[0] == '\0')) {
+    if (params->etcd == NULL && params->etcd_params == NULL &&
+        (params->etcd_endpoints == NULL || params->etcd_endpoints[0] == '\0')) {
         return rg_error(RG_EINVAL, "rg_comm_create: neither an etcd client nor endpoints");
     }
     if (params->create_timeout_ms < 0) {
@@ -317,11 +317,7 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     rg_etcd_t *own = NULL;
     if (etcd == NULL) {
         rg_etcd_params_t ep = {.endpoints = params->etcd_endpoints};
-        if (params->etcd_params != NULL) {
-            ep = *params->etcd_params;
-            ep.endpoints = params->etcd_endpoints;
-        }
-        st = rg_etcd_create(&ep, &own);
+        st = rg_etcd_create(params->etcd_params != NULL ? params->etcd_params : &ep, &own);
         if (st != RG_OK) {
             goto err_destroy;
         }

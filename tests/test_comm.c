@@ -552,22 +552,12 @@ out:
     return rc;
 }
 
-START_TEST(test_large_ops_3)
+/* On 1, 3 (uneven chunks) and 8 ranks over shared memory. */
+START_TEST(test_large_ops)
 {
+    static const int sizes[] = {1, 3, 8};
     comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
-    ck_assert(comm_run(3, large_ops, NULL, &o, NULL));
-}
-END_TEST
-START_TEST(test_large_ops_1)
-{
-    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
-    ck_assert(comm_run(1, large_ops, NULL, &o, NULL));
-}
-END_TEST
-START_TEST(test_large_ops_8)
-{
-    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 200};
-    ck_assert(comm_run(8, large_ops, NULL, &o, NULL));
+    ck_assert(comm_run(sizes[_i], large_ops, NULL, &o, NULL));
 }
 END_TEST
 START_TEST(test_large_ops_tcp_4)
@@ -597,9 +587,7 @@ int main(void)
     tcase_add_test(tc, test_matrix_noshm_3);
     tcase_add_test(tc, test_shm_segments);
     tcase_add_test(tc, test_large_allreduce_2);
-    tcase_add_test(tc, test_large_ops_1);
-    tcase_add_test(tc, test_large_ops_3);
-    tcase_add_test(tc, test_large_ops_8);
+    tcase_add_loop_test(tc, test_large_ops, 0, 3);
     tcase_add_test(tc, test_large_ops_tcp_4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

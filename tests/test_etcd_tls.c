@@ -34,7 +34,6 @@ START_TEST(test_tls_round_trip)
     char ca[300];
     char other[300];
     rg_etcd_t *c;
-    rg_status_t st = RG_ETIMEDOUT;
 
     make_certs();
     snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
@@ -44,15 +43,9 @@ START_TEST(test_tls_round_trip)
     ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key, NULL), 0);
 
     rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .timeout_ms = 3000};
-    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
-    /* The port is open before the member has elected itself: retry, within a bound. */
-    for (int i = 0; i < 100 && st != RG_OK; i++) {
-        st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
-        if (st != RG_OK) {
-            rg_sleep_ms(50);
-        }
-    }
+    rg_status_t st = test_etcd_put_when_ready(&p, "/tls/k");
     ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
     char *v;
     size_t len;
     ck_assert_int_eq(rg_etcd_get(c, "/tls/k", 0, &v, &len, NULL), RG_OK);
@@ -85,7 +78,6 @@ START_TEST(test_tls_client_certificate)
     char cli_key[300];
     char flags[400];
     rg_etcd_t *c;
-    rg_status_t st = RG_ETIMEDOUT;
 
     make_certs();
     snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
@@ -98,15 +90,8 @@ START_TEST(test_tls_client_certificate)
 
     rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .cert_file = cli_cert,
                           .key_file = cli_key, .timeout_ms = 3000};
-    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
-    for (int i = 0; i < 100 && st != RG_OK; i++) {
-        st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
-        if (st != RG_OK) {
-            rg_sleep_ms(50);
-        }
-    }
+    rg_status_t st = test_etcd_put_when_ready(&p, "/tls/k");
     ck_assert_msg(st == RG_OK, "%s", rg_last_error());
-    rg_etcd_destroy(c);
 
     p.cert_file = NULL;
     p.key_file = NULL;

@@ -8,8 +8,6 @@
 #include "rg_common.h"
 #include "test_util.h"
 
-#include <regroup/etcd.h>
-
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -252,22 +250,11 @@ START_TEST(test_exact_secured_etcd)
     }
     snprintf(flags, sizeof(flags), "--client-cert-auth --trusted-ca-file %s", path[2]);
     ck_assert_int_eq(rg_etcd_server_start_tls(&srv, path[0], path[1], flags), 0);
-    /* The port opens before the member has elected itself: wait until a put goes through. */
     char key[400];
     snprintf(key, sizeof(key), "%s/cli.key", certs);
     rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = path[2],
                           .cert_file = path[3], .key_file = key, .timeout_ms = 3000};
-    rg_etcd_t *c;
-    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
-    rg_status_t st = RG_ETIMEDOUT;
-    for (int i = 0; i < 100 && st != RG_OK; i++) {
-        st = rg_etcd_put_str(c, "/ready", "1", 0, 0, NULL);
-        if (st != RG_OK) {
-            rg_sleep_ms(50);
-        }
-    }
-    rg_etcd_destroy(c);
-    ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(test_etcd_put_when_ready(&p, "/ready") == RG_OK, "%s", rg_last_error());
     snprintf(conf, sizeof(conf), "--rdzv-conf=cacert=%s,cert=%s,key=%s", path[2], path[3],
              key);
     run_exact_on("tls", srv.endpoints, conf);

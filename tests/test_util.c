@@ -1,6 +1,8 @@
 /* Small helpers shared by the test suites. */
 #include "test_util.h"
 
+#include "rg_common.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,4 +44,22 @@ bool test_make_certs(const char *dir)
         "-keyout other.key -out other.pem) >/dev/null 2>&1",
         dir);
     return n > 0 && (size_t)n < sizeof(cmd) && system(cmd) == 0;
+}
+
+rg_status_t test_etcd_put_when_ready(const rg_etcd_params_t *p, const char *key)
+{
+    rg_etcd_t *c;
+    rg_status_t st = rg_etcd_create(p, &c);
+    if (st != RG_OK) {
+        return st;
+    }
+    for (int i = 0; i < 100; i++) {
+        st = rg_etcd_put_str(c, key, "v", 0, 0, NULL);
+        if (st == RG_OK) {
+            break;
+        }
+        rg_sleep_ms(50);
+    }
+    rg_etcd_destroy(c);
+    return st;
 }

@@ -26,7 +26,6 @@ struct rg_train_ctx {
     int              round;
     int              restart_count;
     char             job[128];
-    char             endpoints[1024];
     char             ckpt_root[1024];
     rg_etcd_t       *etcd;
     rg_comm_t       *comm;
@@ -92,12 +91,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     ctx->world = env->params.size;
     ctx->round = (int)env->round;
     snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
-    snprintf(ctx->endpoints, sizeof(ctx->endpoints), "%s", env->endpoints);
     rg_log_set_identity(ctx->rank, ctx->round);
 
-    rg_etcd_params_t ep = env->etcd; /* TLS files and user from the launcher */
-    ep.endpoints = ctx->endpoints;
-    st = rg_etcd_create(&ep, &ctx->etcd);
+    st = rg_etcd_create(&env->etcd, &ctx->etcd); /* TLS files and user from the launcher */
     if (st != RG_OK) {
         goto err;
     }

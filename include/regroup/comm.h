@@ -83,10 +83,11 @@ typedef enum {
 typedef struct {
     int         rank;            /* 0 <= rank < size */
     int         size;            /* 1..RG_COMM_MAX_SIZE */
-    rg_etcd_t  *etcd;            /* borrowed client; or NULL and etcd_endpoints */
-    const char *etcd_endpoints;  /* used when etcd is NULL: the group makes its own client */
-    const rg_etcd_params_t *etcd_params; /* optional, when etcd is NULL: TLS files and user
-                                            for that client (its endpoints field is ignored) */
+    rg_etcd_t  *etcd;            /* borrowed client; or NULL and etcd_params or endpoints */
+    const char *etcd_endpoints;  /* when etcd and etcd_params are NULL: the group makes its
+                                    own plain client for these */
+    const rg_etcd_params_t *etcd_params; /* when etcd is NULL: the group's own client, with
+                                            TLS files and user (rg_comm_env_read sets it) */
     const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
     int64_t     timeout_ms;      /* default deadline of each operation; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
