@@ -101,8 +101,8 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env)
         return rg_error(RG_EINVAL, "rg_comm_env_read: NULL env");
     }
     memset(env, 0, sizeof(*env));
-    int64_t rank;
-    int64_t size;
+    int64_t rank = 0;
+    int64_t size = 0;
     rg_status_t st = env_int("WORLD_SIZE", 1, RG_COMM_MAX_SIZE, &size);
     if (st == RG_OK) {
         st = env_int("RANK", 0, size - 1, &rank);
