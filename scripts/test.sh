@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds regroup in Release (build only: -O3 finds other warnings),
-# then twice more (plain, and with ASan+UBSan) and runs every test through ctest in both builds, then the fuzz targets for a bounded time and the quick
-# chaos suite. Exits non-zero if anything fails.
+# Installs what is needed, builds regroup in Release (build only: gcc's -O3 finds warnings the
+# other builds miss), then plain and with ASan+UBSan, and runs every test through ctest in
+# both, then the fuzz targets for a bounded time and the quick chaos suite. Exits non-zero if
+# anything fails.
 #   REGROUP_JOBS=N            parallel build jobs (default: number of cores)
 #   REGROUP_FUZZ_SECONDS=N    seconds per fuzz target (default 30)
 set -euo pipefail
