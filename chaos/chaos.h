@@ -170,12 +170,12 @@ void chaos_etcd_stop(chaos_t *c);
 void chaos_etcd_kill(chaos_t *c, int member);
 void chaos_etcd_restart_dead(chaos_t *c);
 int  chaos_etcd_leader(const chaos_t *c);    /* the leader's member index, or -1 */
-void chaos_agent_start(chaos_t *c);
+void chaos_agent_start(chaos_t *c);          /* in the first free slot (none: said, skipped) */
 int  chaos_agents_alive(const chaos_t *c);
 int  chaos_agents_reap(chaos_t *c);          /* returns how many exited badly */
-void chaos_agent_wait_gone(chaos_t *c, pid_t pid);
-void chaos_agents_finish(chaos_t *c);        /* tells the job to finish, waits for it */
-void chaos_agents_kill(chaos_t *c);
+void chaos_agent_wait_gone(chaos_t *c, pid_t pid);   /* blocks up to 30 s */
+void chaos_agents_finish(chaos_t *c);        /* the stop file; waits up to 120 s for the job */
+void chaos_agents_kill(chaos_t *c);          /* SIGKILLs and reaps the agents still alive */
 int  chaos_workers_find(const chaos_t *c, pid_t *out, int max);
 int  chaos_leftover_processes(const chaos_t *c, pid_t *out, int max);
 
@@ -195,14 +195,18 @@ bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k);
 bool chaos_fault_ends_round(chaos_fault_t k);
 bool chaos_fault_takes_node(chaos_fault_t k);
 chaos_fault_t chaos_fault_choose(chaos_t *c);
+/* Injects a fault of kind r->kind; fills r->target (and r->agent_pid for a node fault). */
 void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r);
 
 /* chaos_cycle.c */
+/* Waits until the job reports progress newer than `after` (wall time) in a round of at
+ * least min_round; false on timeout, or once every agent has ended. */
 bool chaos_wait_progress(chaos_t *c, double after, int min_round, int timeout_ms,
                          chaos_progress_t *out);
 void chaos_cycle_run(chaos_t *c);            /* injects the faults, one at a time */
 
-/* chaos_check.c */
+/* chaos_check.c, in this order: the result before the agents are killed, the leaks once
+ * etcd is stopped, the verdict last. */
 void chaos_check_result(chaos_t *c);
 void chaos_check_checkpoints(chaos_t *c);
 void chaos_check_leaks(chaos_t *c);
