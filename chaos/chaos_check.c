@@ -1,0 +1,147 @@
+/*
+ * The invariants of a run, checked once the job has been told to finish: the job finished,
+ * its final state is exactly right (fmnist: accurate enough), every retained checkpoint
+ * verifies, no round resumed from before the checkpoint committed when its fault struck, no
+ * process of the run is left, nothing exceeded its time bound, and every fault recovered.
+ * chaos_check_verdict computes the pass/fail from them, once; the report and the exit
+ * status both read c->inv.pass.
+ */
+#include "chaos.h"
+
+#include <regroup/ckpt.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FMNIST_MIN_ACCURACY 0.75
+
+/* Whether an agent's log has a line starting with `text`; the last such line of the first
+ * log that has one goes to line_out. */
+static bool job_log_has(const chaos_t *c, const char *text, char *line_out, size_t line_len)
+{
+    for (int k = 0; k < c->procs.n_started; k++) {
+        char path[400];
+        char line[1024];
+        snprintf(path, sizeof(path), "%s/agent%d.log", c->run.dir, k);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue;
+        }
+        bool found = false;
+        while (fgets(line, sizeof(line), f) != NULL) {
+            if (strncmp(line, text, strlen(text)) == 0) {
+                found = true;
+                if (line_out) {
+                    snprintf(line_out, line_len, "%.*s", (int)line_len - 1, line);
+                    line_out[strcspn(line_out, "\n")] = '\0';
+                }
+            }
+        }
+        fclose(f);
+        if (found) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* finished and result, from the workers' last lines in the agents' logs. */
+void chaos_check_result(chaos_t *c)
+{
+    chaos_inv_t *inv = &c->inv;
+    if (c->opt->use_fmnist) {
+        /* Floating point, summed in an order that depends on the world size: not exact, but
+         * training must still reach the accuracy one epoch gives. */
+        inv->finished = chaos_agents_alive(c) == 0 &&
+                        job_log_has(c, "test_accuracy=", inv->result_line,
+                                    sizeof(inv->result_line));
+        inv->result = inv->finished && atof(inv->result_line + strlen("test_accuracy=")) >=
+                                           FMNIST_MIN_ACCURACY;
+    } else {
+        inv->finished = chaos_agents_alive(c) == 0 && job_log_has(c, "exact=", NULL, 0);
+        inv->result = job_log_has(c, "exact=1", inv->result_line, sizeof(inv->result_line));
+        if (!inv->result) {
+            job_log_has(c, "exact=", inv->result_line, sizeof(inv->result_line));
+        }
+    }
+}
+
+/* Every retained checkpoint verifies, but those corrupted on purpose. */
+void chaos_check_checkpoints(chaos_t *c)
+{
+    int64_t *steps = NULL;
+    size_t n_steps = 0;
+    c->inv.checkpoints_verify = true;
+    if (rg_ckpt_list(c->run.ckpt_dir, &steps, &n_steps) == RG_OK) {
+        for (size_t i = 0; i < n_steps; i++) {
+            bool corrupted = false;
+            for (int k = 0; k < c->faults.n_corrupted; k++) {
+                corrupted = corrupted || c->faults.corrupted[k] == steps[i];
+            }
+            if (corrupted) {
+                continue;
+            }
+            c->inv.verified++;
+            if (rg_ckpt_verify(c->run.ckpt_dir, steps[i]) != RG_OK) {
+                chaos_say("checkpoint step %lld does not verify: %s", (long long)steps[i],
+                          rg_last_error());
+                c->inv.checkpoints_verify = false;
+            }
+        }
+    }
+    free(steps);
+}
+
+/* Nothing of the run may remain (stopped workers included); what does is killed. */
+void chaos_check_leaks(chaos_t *c)
+{
+    pid_t left[64];
+    int n_left = 0;
+    for (int tries = 0; tries < 100; tries++) {
+        n_left = chaos_leftover_processes(c, left, 64);
+        if (n_left == 0) {
+            break;
+        }
+        rg_sleep_ms(20);
+    }
+    c->inv.leaks = n_left;
+    c->inv.no_leaks = n_left == 0;
+    for (int i = 0; i < n_left; i++) {
+        chaos_say("leaked process %d: killing it", (int)left[i]);
+        kill(left[i], SIGKILL);
+    }
+}
+
+/* The run's time bound, the faults' records, and then the verdict, from all invariants. */
+void chaos_check_verdict(chaos_t *c)
+{
+    const chaos_opts_t *opt = c->opt;
+    chaos_inv_t *inv = &c->inv;
+    inv->wall_s = rg_wall_s() - c->run.t_start;
+    inv->time_bound = inv->wall_s < opt->deadline_s;
+    inv->no_lost_work = true;
+    for (int i = 0; i < c->faults.n_recs; i++) {
+        inv->no_lost_work = inv->no_lost_work && !c->faults.rec[i].lost_work;
+    }
+    inv->recovered = !c->faults.stalled;
+    if (opt->quick && c->faults.n_recs < 12) {
+        chaos_say("only %d faults injected", c->faults.n_recs);
+        inv->recovered = false;
+    }
+    for (int k = 0; opt->quick && k < F_COUNT; k++) {
+        bool possible = chaos_fault_enabled(c, (chaos_fault_t)k) &&
+                        (k != F_DISK_FULL || c->run.tmpfs_mounted) &&
+                        (k != F_PARTITION || c->net.on);
+        int count = 0;
+        for (int i = 0; i < c->faults.n_recs; i++) {
+            count += c->faults.rec[i].kind == (chaos_fault_t)k;
+        }
+        if (possible && count == 0) {
+            chaos_say("quick run: no %s fault was injected", chaos_fault_names[k]);
+            inv->recovered = false;
+        }
+    }
+    inv->pass = inv->finished && inv->result && inv->checkpoints_verify && inv->no_lost_work &&
+                inv->no_leaks && inv->time_bound && inv->recovered;
+}

@@ -1,0 +1,187 @@
+/*
+ * The fault cycle. Each fault waits for the job to make progress, is injected, and is timed
+ * until the job makes progress again (in a later round when the fault ends the round the
+ * job was in); a partition is also timed from the link coming back until the node cut off
+ * is a member again. What happened goes into the fault's record; a job that stops making
+ * progress sets faults.stalled and ends the cycle. chaos_check.c judges the records.
+ */
+#include "chaos.h"
+
+#include <string.h>
+
+bool chaos_wait_progress(chaos_t *c, double after, int min_round, int timeout_ms,
+                         chaos_progress_t *out)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (rg_now_ns() < until) {
+        chaos_progress_t p;
+        chaos_net_heal(c, false);
+        if (chaos_job_progress(c, &p) && p.time > after && p.round >= min_round) {
+            *out = p;
+            return true;
+        }
+        if (chaos_agents_reap(c) > 0 && chaos_agents_alive(c) == 0) {
+            return false;
+        }
+        rg_sleep_ms(5);
+    }
+    return false;
+}
+
+/* The newest round from `from` on (a few rounds ahead: the fault may strike while a round
+ * closes) whose members include the agent with this pid, or -1 if none does. */
+static int member_round(chaos_t *c, int from, pid_t pid)
+{
+    int found = -1;
+    for (int r = from; r <= from + 3; r++) {
+        if (chaos_job_agent_in_round(c, r, pid)) {
+            found = r;
+        }
+    }
+    return found;
+}
+
+/* After a partition: seconds from the link coming back until the job makes progress in a
+ * round the cut-off node is a member of, or -1 (timeout, or the node's agent ended). */
+static double wait_rejoin(chaos_t *c, int slot, int timeout_ms)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    double healed_at = c->net.cut.healed_at;
+    while (rg_now_ns() < until) {
+        chaos_progress_t p;
+        chaos_agents_reap(c);
+        if (!c->procs.alive[slot]) {
+            return -1;
+        }
+        if (chaos_job_progress(c, &p) && p.time > healed_at &&
+            chaos_job_agent_in_round(c, p.round, c->procs.pid[slot])) {
+            return p.time - healed_at;
+        }
+        rg_sleep_ms(5);
+    }
+    return -1;
+}
+
+/* The partition lasts its time whether or not the others recovered; then the node must come
+ * back into the job. Returns whether it did. */
+static bool partition_rejoined(chaos_t *c, chaos_fault_rec_t *r)
+{
+    double left_s = c->net.cut.heal_at - rg_wall_s();
+    if (c->net.cut.on && left_s > 0) {
+        rg_sleep_ms((int64_t)(left_s * 1000) + 1);
+    }
+    chaos_net_heal(c, true);
+    bool rejoined = false;
+    for (int a = 0; a < c->procs.n_slots; a++) {
+        if (c->procs.pid[a] == r->agent_pid) {
+            r->rejoin_s = wait_rejoin(c, a, CHAOS_RECOVERY_MAX_MS);
+            rejoined = r->rejoin_s >= 0;
+            if (!rejoined) {
+                chaos_say("agent %d did not rejoin within %d ms of its link coming back",
+                          c->procs.id[a], CHAOS_RECOVERY_MAX_MS);
+            }
+        }
+    }
+    return rejoined;
+}
+
+/* The kind to inject next: the schedule's, unless this machine or the scenario rules it out. */
+static chaos_fault_t next_kind(chaos_t *c)
+{
+    chaos_agents_reap(c);   /* choose among agents that are really alive */
+    chaos_fault_t kind = chaos_fault_choose(c);
+    if ((kind == F_DISK_FULL && !c->run.tmpfs_mounted) || (kind == F_PARTITION && !c->net.on)) {
+        kind = F_WORKER_KILL;
+    }
+    /* A join or a preemption that keeps the job within its size stays (a node-join scenario
+     * at MAX must first lose a node). */
+    if (!chaos_fault_enabled(c, kind) && kind != F_NODE_JOIN && kind != F_PREEMPT) {
+        kind = F_WORKER_KILL;
+    }
+    return kind;
+}
+
+/* Injects fault number i and follows it; false if the job did not make progress before it
+ * (no record is kept then). */
+static bool cycle_one(chaos_t *c, int i)
+{
+    chaos_fault_t kind = next_kind(c);
+    chaos_fault_rec_t *r = &c->faults.rec[c->faults.n_recs];
+    memset(r, 0, sizeof(*r));
+    r->kind = kind;
+    r->resumed = -1;
+    /* Let the job run a little (a checkpoint or two) before each fault. */
+    chaos_progress_t now;
+    if (!chaos_wait_progress(c, rg_wall_s(), 0, 30000, &now)) {
+        chaos_say("no progress before fault %d", i);
+        return false;
+    }
+    c->faults.n_recs++;
+    r->round_before = now.round;
+    r->step_before = now.step;
+    r->committed = chaos_job_committed_step(c);
+    r->t_inject = rg_wall_s();
+    chaos_fault_inject(c, r);
+    /* An agent that was not a member of the running round (it was still stopping its
+     * workers, or waiting to be let in) can go without the round ending; one that was a
+     * member ends the newest round it was in. */
+    bool ends = chaos_fault_ends_round(kind);
+    int min_round = r->round_before + 1;
+    if (ends && chaos_fault_takes_node(kind) && r->agent_pid > 0) {
+        int mr = member_round(c, r->round_before, r->agent_pid);
+        ends = mr >= 0;
+        min_round = mr + 1;
+    }
+    chaos_progress_t after;
+    bool ok = chaos_wait_progress(c, r->t_inject, ends ? min_round : 0, CHAOS_RECOVERY_MAX_MS,
+                                  &after);
+    if (kind != F_PARTITION && r->agent_pid > 0) {
+        /* The next fault is chosen among the agents left: wait for this one to go. */
+        chaos_agent_wait_gone(c, r->agent_pid);
+    }
+    r->recovery_s = ok ? after.time - r->t_inject : -1;
+    if (kind == F_ETCD_MEMBER || kind == F_ETCD_LEADER) {
+        chaos_etcd_restart_dead(c);
+    }
+    int rr;
+    int64_t rs;
+    if (ok && ends && chaos_job_restored(c, &rr, &rs) && rr > r->round_before) {
+        r->resumed = rs;
+        /* A round may resume from before the checkpoint committed when the fault struck
+         * only if that checkpoint was corrupted on purpose. */
+        r->lost_work = rs < r->committed && kind != F_CORRUPT;
+    }
+    bool rejoined = true;
+    if (kind == F_PARTITION && r->agent_pid > 0) {
+        rejoined = partition_rejoined(c, r);
+    }
+    chaos_agents_reap(c);
+    char back[64] = "";
+    if (kind == F_PARTITION) {
+        snprintf(back, sizeof(back), ", node back in %.3f s", r->rejoin_s);
+    }
+    chaos_say("fault %2d %-13s %-32s recovered in %7.3f s (committed %lld, resumed %lld)%s", i,
+              chaos_fault_names[kind], r->target, r->recovery_s, (long long)r->committed,
+              (long long)r->resumed, back);
+    if (!ok || !rejoined) {
+        /* Where it hung: the job's state as etcd holds it. */
+        chaos_say("fault %d did not recover%s within %d ms; the job's state:", i,
+                  ok ? " (the node cut off did not rejoin)" : "", CHAOS_RECOVERY_MAX_MS);
+        chaos_job_print_state(c, stdout);
+        c->faults.stalled = true;
+    }
+    return true;
+}
+
+void chaos_cycle_run(chaos_t *c)
+{
+    const chaos_opts_t *opt = c->opt;
+    for (int i = 0; i < opt->faults && !c->faults.stalled &&
+                    rg_wall_s() - c->run.t_start < opt->deadline_s - 60; i++) {
+        if (!cycle_one(c, i)) {
+            c->faults.stalled = true;
+            break;
+        }
+    }
+    chaos_net_heal(c, true);
+}
