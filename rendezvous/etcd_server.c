@@ -263,19 +263,6 @@ int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags)
     return rg_etcd_server_start_with(e, &p);
 }
 
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
-                             const char *extra_flags)
-{
-    rg_etcd_server_params_t p = {.members = 1, .extra_flags = extra_flags, .cert_file = cert,
-                                 .key_file = key};
-    return rg_etcd_server_start_with(e, &p);
-}
-
-int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags)
-{
-    return rg_etcd_server_cluster_start_at(e, n, extra_flags, NULL);
-}
-
 int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
                                     const char *also_host)
 {

@@ -59,11 +59,6 @@ int rg_free_port(void);
 int rg_etcd_server_start_with(rg_etcd_server_t *e, const rg_etcd_server_params_t *params);
 /* The same for one plain-http member with extra_flags (may be NULL). */
 int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags);
-/* The same for one member serving clients over TLS with cert and key. */
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
-                             const char *extra_flags);
-/* The same for an n-member plain-http cluster with extra_flags. */
-int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags);
 /* The same for an n-member plain-http cluster with extra_flags, serving clients also on
  * also_host (NULL for none): an address of a network namespace the caller made, such as a
  * bridge that agents in other namespaces reach, on the same ports; peers and the health

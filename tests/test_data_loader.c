@@ -3,7 +3,7 @@
  * stops its thread cleanly (ASan checks for leaks). */
 #include <regroup/data.h>
 
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -233,9 +233,5 @@ int main(void)
     tcase_add_test(tc, test_loader_timeout_keeps_order);
     tcase_add_test(tc, test_loader_bad_arguments);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_data_loader", s, NULL);
 }
