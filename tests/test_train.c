@@ -6,6 +6,8 @@
  */
 #include "test_util.h"
 
+#include <regroup/ckpt.h>
+
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -51,6 +53,18 @@ static pid_t spawn(const char *name, char *const argv[])
     char log[400];
     snprintf(log, sizeof(log), "%s/%s.log", dir, name);
     return test_spawn(argv, log);
+}
+
+/* The number of committed checkpoints under root: those with a MANIFEST. */
+static size_t committed_steps(const char *root)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
+        return 0;
+    }
+    free(steps);
+    return n;
 }
 
 static bool log_has(const char *name, const char *text)
@@ -167,24 +181,9 @@ START_TEST(test_exact_with_node_joining)
                     "--rdzv-conf=last_call_timeout=0.5", RG_EXACT_BIN, "--trace", tr,
                     "--epochs", "3", "--work", "40000", NULL};
     pid_t a = spawn("a", argv);
-    /* Mid-run: once a checkpoint has been committed, the second node starts. */
-    uint64_t until = rg_now_ns() + 60000000000ull;
-    for (;;) {
-        DIR *d = opendir(ckpt);
-        bool any = false;
-        struct dirent *e;
-        while (d != NULL && (e = readdir(d)) != NULL) {
-            any = any || strncmp(e->d_name, "step-", 5) == 0;
-        }
-        if (d != NULL) {
-            closedir(d);
-        }
-        if (any) {
-            break;
-        }
-        ck_assert_msg(rg_now_ns() < until, "no checkpoint within 60 s");
-        rg_sleep_ms(5);
-    }
+    /* Mid-run: once a checkpoint has been committed (a step directory alone may still be
+     * being written), the second node starts. */
+    TEST_WAIT_UNTIL(committed_steps(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
     pid_t b = spawn("b", argv);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 120000), 0);
