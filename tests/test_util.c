@@ -199,12 +199,14 @@ bool test_etcd_start(test_etcd_t *t, const test_etcd_opts_t *opts)
 
 void test_etcd_up(test_etcd_t *t, const test_etcd_opts_t *opts)
 {
+    char why[512] = "";
     bool ok = test_etcd_start(t, opts);
     if (!ok) {
-        /* Whatever was made for it: the test ends here, without its teardown. */
+        snprintf(why, sizeof(why), "%s", rg_last_error());
+        /* Whatever was made for it goes now: the test ends here, without its teardown. */
         test_etcd_down(t);
     }
-    ck_assert_msg(ok, "cannot start the test etcd: %s", rg_last_error());
+    ck_assert_msg(ok, "cannot start the test etcd: %s", why);
 }
 
 void test_etcd_down(test_etcd_t *t)
