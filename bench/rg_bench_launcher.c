@@ -109,10 +109,14 @@ static void stop_all(void)
             agents[i] = 0;
         }
     }
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -f %s/stop %s/events", dir, dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "rg-bench-launcher: cleanup failed\n");
+    static const char *const names[] = {"stop", "events"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        if (unlink(path) != 0 && errno != ENOENT) {
+            fprintf(stderr, "rg-bench-launcher: cleanup failed: %s: %s\n", path,
+                    strerror(errno));
+        }
     }
 }
 
@@ -415,7 +419,5 @@ int main(int argc, char **argv)
         }
     }
     rg_etcd_server_stop(&etcd);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return rg_rm_tree(dir) ? 0 : 1;
 }

@@ -106,6 +106,13 @@ pid_t rg_proc_spawn(char *const argv[], const char *log_path);
  * that killed it, or -1 on timeout (the child is left running) or error. */
 int rg_proc_wait(pid_t pid, int64_t timeout_ms);
 
+/* ---- files ----------------------------------------------------------------------------- */
+
+/* Removes path and everything under it, like `rm -rf` but without a shell: depth first, never
+ * following a symbolic link. True when nothing is left at path (also when there was nothing);
+ * false if some entry could not be removed (the rest is removed anyway). Blocks on disk. */
+bool rg_rm_tree(const char *path);
+
 /* ---- misc ------------------------------------------------------------------------------ */
 
 /* strtoll over a whole string with range check; false on junk. */

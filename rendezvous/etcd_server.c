@@ -1,4 +1,5 @@
-/* Real etcd servers for tests: started on free loopback ports, stopped by pid. */
+/* etcd servers regroup starts itself: on free loopback ports, probed on a condition, stopped
+ * by pid (see etcd_server.h). */
 #include "etcd_server.h"
 
 #include "rg_common.h"
@@ -21,6 +22,7 @@
 
 #define START_TIMEOUT_MS 20000
 #define STOP_TIMEOUT_MS  5000
+#define ETCDCTL_TIMEOUT_MS 30000
 #define MAX_ARGS         64
 
 static long long now_ms(void)
@@ -90,22 +92,6 @@ out:
     return ok;
 }
 
-bool rg_etcd_server_wait_ready(const char *url, int timeout_ms)
-{
-    const char *colon = strrchr(url, ':');
-    int port = colon ? atoi(colon + 1) : 0;
-    long long deadline = now_ms() + timeout_ms;
-
-    while (now_ms() < deadline) {
-        if (health_once(port, 1000)) {
-            return true;
-        }
-        struct timespec ts = {0, 20 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    return false;
-}
-
 static int split_args(char *s, char **argv, int max)
 {
     int n = 0;
@@ -142,10 +128,11 @@ static int start_member(rg_etcd_server_t *e, int i, const char *state)
              "--listen-client-urls %s://127.0.0.1:%d%s --advertise-client-urls %s://127.0.0.1:%d%s "
              "--listen-peer-urls http://127.0.0.1:%d --initial-advertise-peer-urls "
              "http://127.0.0.1:%d --initial-cluster %s --initial-cluster-state %s "
-             "--initial-cluster-token rgtest --logger zap --log-level warn %s",
+             "--initial-cluster-token rgtest --listen-metrics-urls http://127.0.0.1:%d "
+             "--logger zap --log-level warn %s",
              e->name[i], e->root, e->name[i], tls, scheme, e->client_port[i], also, scheme,
              e->client_port[i], also,
-             e->peer_port[i], e->peer_port[i], cluster, state, e->extra);
+             e->peer_port[i], e->peer_port[i], cluster, state, e->metrics_port[i], e->extra);
     snprintf(log_path, sizeof(log_path), "%s/%s.log", e->root, e->name[i]);
     split_args(cmd, argv, MAX_ARGS);
     e->pid[i] = rg_proc_spawn(argv, log_path);
@@ -165,20 +152,16 @@ static bool member_alive(rg_etcd_server_t *e, int i)
     return true;
 }
 
-/* TCP connect only: used for TLS members, which the raw health probe cannot speak to. */
-static bool port_open(int port, int timeout_ms)
+/* Waits until member i says {"health":"true"} (it has a leader and serves) on its plain-http
+ * metrics port, which TLS members have too. Ends early if the member exits (a port taken
+ * between rg_free_port and its bind, a bad flag). */
+static bool wait_healthy(rg_etcd_server_t *e, int i, int timeout_ms)
 {
     long long deadline = now_ms() + timeout_ms;
-    while (now_ms() < deadline) {
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-            close(fd);
+
+    while (now_ms() < deadline && member_alive(e, i)) {
+        if (health_once(e->metrics_port[i], 1000)) {
             return true;
-        }
-        if (fd >= 0) {
-            close(fd);
         }
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
@@ -186,34 +169,37 @@ static bool port_open(int port, int timeout_ms)
     return false;
 }
 
-static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *cert,
-                     const char *key, const char *also_host)
+static int start_all(rg_etcd_server_t *e, const rg_etcd_server_params_t *p)
 {
+    int n = p->members > 0 ? p->members : 1;
+    const char *scheme = p->cert_file != NULL ? "https" : "http";
+    char args[128];
+
     memset(e, 0, sizeof(*e));
-    snprintf(e->also_host, sizeof(e->also_host), "%s", also_host ? also_host : "");
-    snprintf(e->cert, sizeof(e->cert), "%s", cert ? cert : "");
-    snprintf(e->key, sizeof(e->key), "%s", key ? key : "");
+    snprintf(e->also_host, sizeof(e->also_host), "%s", p->also_host ? p->also_host : "");
+    snprintf(e->cert, sizeof(e->cert), "%s", p->cert_file ? p->cert_file : "");
+    snprintf(e->key, sizeof(e->key), "%s", p->key_file ? p->key_file : "");
     e->n = n;
-    snprintf(e->extra, sizeof(e->extra), "%s", extra ? extra : "");
+    snprintf(e->extra, sizeof(e->extra), "%s", p->extra_flags ? p->extra_flags : "");
     snprintf(e->root, sizeof(e->root), "%s/rg-etcd-XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (mkdtemp(e->root) == NULL) {
         rg_error(RG_ESYS, "etcd server: mkdtemp %s: %s", e->root, strerror(errno));
+        e->root[0] = '\0';
         return -1;
     }
     for (int i = 0; i < n; i++) {
         snprintf(e->name[i], sizeof(e->name[i]), "m%d", i);
         e->client_port[i] = rg_free_port();
         e->peer_port[i] = rg_free_port();
-        snprintf(e->url[i], sizeof(e->url[i]), "%s://127.0.0.1:%d", e->cert[0] ? "https" : "http",
-                 e->client_port[i]);
+        e->metrics_port[i] = rg_free_port();
+        snprintf(e->url[i], sizeof(e->url[i]), "%s://127.0.0.1:%d", scheme, e->client_port[i]);
         size_t l = strlen(e->endpoints);
         snprintf(e->endpoints + l, sizeof(e->endpoints) - l, "%s%s", i ? "," : "", e->url[i]);
         if (e->also_host[0]) {
             l = strlen(e->endpoints_also);
             snprintf(e->endpoints_also + l, sizeof(e->endpoints_also) - l, "%s%s://%s:%d",
-                     i ? "," : "", e->cert[0] ? "https" : "http", e->also_host,
-                     e->client_port[i]);
+                     i ? "," : "", scheme, e->also_host, e->client_port[i]);
         }
     }
     for (int i = 0; i < n; i++) {
@@ -222,13 +208,20 @@ static int start_all(rg_etcd_server_t *e, int n, const char *extra, const char *
         }
     }
     for (int i = 0; i < n; i++) {
-        bool ready = e->cert[0] ? port_open(e->client_port[i], START_TIMEOUT_MS)
-                                : rg_etcd_server_wait_ready(e->url[i], START_TIMEOUT_MS);
-        if (!ready || !member_alive(e, i)) {
-            rg_error(RG_ETIMEDOUT, "etcd server: member %s did not become ready (log %s/%s.log)",
+        if (!wait_healthy(e, i, START_TIMEOUT_MS)) {
+            rg_error(RG_ETIMEDOUT, "etcd server: member %s did not become healthy (log %s/%s.log)",
                      e->name[i], e->root, e->name[i]);
             goto fail;
         }
+    }
+    if (p->root_password != NULL) {
+        snprintf(args, sizeof(args), "user add root:%s", p->root_password);
+        if (rg_etcd_server_etcdctl(e, args) != 0 || rg_etcd_server_etcdctl(e, "auth enable") != 0) {
+            rg_error(RG_ESYS, "etcd server: cannot enable auth (log %s/etcdctl.log)", e->root);
+            goto fail;
+        }
+        /* From now on etcdctl must log in. */
+        snprintf(e->root_password, sizeof(e->root_password), "%s", p->root_password);
     }
     return 0;
 fail:
@@ -236,11 +229,28 @@ fail:
     return -1;
 }
 
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
-                             const char *extra_flags)
+int rg_etcd_server_start_with(rg_etcd_server_t *e, const rg_etcd_server_params_t *params)
 {
+    static const rg_etcd_server_params_t one = {.members = 1};
+    const rg_etcd_server_params_t *p = params != NULL ? params : &one;
+    const char *pw = p->root_password;
+
+    memset(e, 0, sizeof(*e));
+    if (p->members < 0 || p->members > RG_ETCD_SERVER_MAX ||
+        (p->cert_file == NULL) != (p->key_file == NULL)) {
+        rg_error(RG_EINVAL, "etcd server: %d members, certificate %s, key %s", p->members,
+                 p->cert_file ? p->cert_file : "none", p->key_file ? p->key_file : "none");
+        return -1;
+    }
+    if (pw != NULL && (p->cert_file != NULL || pw[0] == '\0' ||
+                       strlen(pw) >= sizeof(e->root_password) || strpbrk(pw, " :") != NULL)) {
+        rg_error(RG_EINVAL, "etcd server: auth needs plain http and a password without "
+                 "spaces or colons, shorter than %zu bytes", sizeof(e->root_password));
+        return -1;
+    }
+    /* A port picked free can be taken before etcd binds it: try a few times. */
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, extra_flags, cert, key, NULL) == 0) {
+        if (start_all(e, p) == 0) {
             return 0;
         }
     }
@@ -249,32 +259,21 @@ int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *
 
 int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags)
 {
-    /* A port picked free can be taken before etcd binds it: try a few times. */
-    for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, 1, extra_flags, NULL, NULL, NULL) == 0) {
-            return 0;
-        }
-    }
-    return -1;
-}
-
-int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags)
-{
-    return rg_etcd_server_cluster_start_at(e, n, extra_flags, NULL);
+    rg_etcd_server_params_t p = {.members = 1, .extra_flags = extra_flags};
+    return rg_etcd_server_start_with(e, &p);
 }
 
 int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
                                     const char *also_host)
 {
-    if (n < 1 || n > RG_ETCD_SERVER_MAX) {
+    rg_etcd_server_params_t p = {.members = n, .extra_flags = extra_flags,
+                                 .also_host = also_host};
+    if (n < 1) {
+        memset(e, 0, sizeof(*e));
+        rg_error(RG_EINVAL, "etcd server: %d members", n);
         return -1;
     }
-    for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_all(e, n, extra_flags, NULL, NULL, also_host) == 0) {
-            return 0;
-        }
-    }
-    return -1;
+    return rg_etcd_server_start_with(e, &p);
 }
 
 static void reap(pid_t pid, int timeout_ms)
@@ -310,8 +309,7 @@ int rg_etcd_server_restart(rg_etcd_server_t *e, int i)
     }
     rg_etcd_server_kill(e, i, SIGKILL);
     for (int attempt = 0; attempt < 3; attempt++) {
-        if (start_member(e, i, "existing") == 0 &&
-            rg_etcd_server_wait_ready(e->url[i], START_TIMEOUT_MS)) {
+        if (start_member(e, i, "existing") == 0 && wait_healthy(e, i, START_TIMEOUT_MS)) {
             return 0;
         }
         rg_etcd_server_kill(e, i, SIGKILL);
@@ -321,14 +319,12 @@ int rg_etcd_server_restart(rg_etcd_server_t *e, int i)
 
 void rg_etcd_server_stop(rg_etcd_server_t *e)
 {
-    char cmd[512];
     for (int i = 0; i < e->n; i++) {
         rg_etcd_server_kill(e, i, SIGTERM);
     }
     if (e->root[0] != '\0' && getenv("REGROUP_KEEP_ETCD") == NULL) {
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", e->root);
-        if (system(cmd) != 0) {
-            rg_warn("etcd server: could not remove %s", e->root);
+        if (!rg_rm_tree(e->root)) {
+            rg_warn("etcd server: could not remove all of %s", e->root);
         }
         e->root[0] = '\0';
     }
@@ -342,12 +338,23 @@ int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args)
     int st;
     pid_t pid;
 
-    snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s %s", e->endpoints, args);
+    if (e->root_password[0] != '\0') {
+        snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s --user root:%s %s", e->endpoints,
+                 e->root_password, args);
+    } else {
+        snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s %s", e->endpoints, args);
+    }
     snprintf(log_path, sizeof(log_path), "%s/etcdctl.log", e->root);
     split_args(cmd, argv, MAX_ARGS);
     pid = rg_proc_spawn(argv, log_path);
-    if (pid < 0 || waitpid(pid, &st, 0) != pid) {
+    if (pid < 0) {
         return -1;
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    /* etcdctl bounds its own calls (dial and command timeouts); this is the backstop. */
+    st = rg_proc_wait(pid, ETCDCTL_TIMEOUT_MS);
+    if (st < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return st;
 }

@@ -1,12 +1,15 @@
 /*
  * etcd servers that regroup starts itself: the private etcd of `regroup --standalone`, and
- * the real servers of the tests and benches, on free loopback ports.
+ * the real servers of the tests, benches and the chaos runner, on free loopback ports.
  *
- * rg_etcd_server_start() starts a one-member server (or rg_etcd_server_cluster_start() a cluster)
- * with a fresh temporary data dir, waits until it answers, and records its pid. Stop stops
- * by pid (SIGTERM, then SIGKILL after a deadline) and removes the data dir. Each etcd child
- * gets PR_SET_PDEATHSIG(SIGKILL), so a test process that crashes takes its etcd with it.
- * Ports come from the kernel (bind to port 0), never a fixed number.
+ * rg_etcd_server_start_with() is the one way to start them: one member or a cluster, plain
+ * http or TLS for clients, optionally with auth enabled, in a fresh temporary data dir under
+ * $TMPDIR. It waits, up to a deadline, until every member says it is healthy (a leader is
+ * elected) on a plain-http metrics port of its own, so TLS members are probed the same way.
+ * Stop stops by pid (SIGTERM, then SIGKILL after a deadline) and removes the data dir
+ * without a shell. Each etcd child gets PR_SET_PDEATHSIG(SIGKILL), so a process that crashes
+ * or _exits takes its etcd with it. Ports come from the kernel (bind to port 0), never a
+ * fixed number; a start that loses a port race is retried.
  */
 #ifndef REGROUP_ETCD_SERVER_H
 #define REGROUP_ETCD_SERVER_H
@@ -16,11 +19,23 @@
 
 #define RG_ETCD_SERVER_MAX 5
 
+/* How to start a server; zero-initialised means one plain-http member with etcd's defaults. */
+typedef struct {
+    int         members;       /* 1..RG_ETCD_SERVER_MAX; 0 means 1 */
+    const char *extra_flags;   /* more etcd flags, split on spaces; NULL for none */
+    const char *cert_file;     /* serve clients over TLS with this certificate and key; */
+    const char *key_file;      /* NULL for plain http */
+    const char *also_host;     /* serve clients on this address too (see endpoints_also) */
+    const char *root_password; /* add user root with this password and enable auth (plain
+                                  http only); NULL for no auth */
+} rg_etcd_server_params_t;
+
 typedef struct {
     int   n;                          /* members */
     pid_t pid[RG_ETCD_SERVER_MAX];      /* 0 once stopped */
     int   client_port[RG_ETCD_SERVER_MAX];
     int   peer_port[RG_ETCD_SERVER_MAX];
+    int   metrics_port[RG_ETCD_SERVER_MAX]; /* plain http: /health, whatever the client side */
     char  name[RG_ETCD_SERVER_MAX][32];
     char  root[256];                  /* temp dir holding every member's data dir and log */
     char  endpoints[512];             /* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." */
@@ -30,37 +45,35 @@ typedef struct {
     char  endpoints_also[512];        /* the members' client URLs on also_host */
     char  cert[256];                  /* TLS: server certificate and key, "" for plain http */
     char  key[256];
+    char  root_password[64];          /* auth: root's password, "" when auth is off */
 } rg_etcd_server_t;
 
 /* A free TCP port on 127.0.0.1 (bound and released: another process could take it later,
  * so starters retry). */
 int rg_free_port(void);
 
-/* Starts a one-member etcd. extra_flags may be NULL. Returns 0, or -1 with the reason in
- * rg_last_error(). */
+/* Starts a server as params says (NULL: one plain member) and waits until every member is
+ * healthy. Blocks, at most about a minute. Returns 0, or -1 with the reason in
+ * rg_last_error() (nothing is left running or on disk then). Stop it with
+ * rg_etcd_server_stop(). */
+int rg_etcd_server_start_with(rg_etcd_server_t *e, const rg_etcd_server_params_t *params);
+/* The same for one plain-http member with extra_flags (may be NULL). */
 int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags);
-/* Starts a one-member etcd serving clients over TLS with the given certificate and key;
- * extra_flags (may be NULL) as for rg_etcd_server_start, e.g. to require client
- * certificates. */
-int rg_etcd_server_start_tls(rg_etcd_server_t *e, const char *cert, const char *key,
-                             const char *extra_flags);
-/* Starts an n-member cluster on loopback and waits for all members and a leader. */
-int rg_etcd_server_cluster_start(rg_etcd_server_t *e, int n, const char *extra_flags);
-/* The same, serving clients also on also_host (an address of a network namespace the caller
- * made, such as a bridge that agents in other namespaces reach), on the same ports; peers and
- * the health probe stay on loopback. e->endpoints_also lists those URLs. */
+/* The same for an n-member plain-http cluster with extra_flags, serving clients also on
+ * also_host (NULL for none): an address of a network namespace the caller made, such as a
+ * bridge that agents in other namespaces reach, on the same ports; peers and the health
+ * probe stay on loopback. */
 int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
                                     const char *also_host);
-/* Kills member i with signal sig and reaps it. */
+/* Kills member i with signal sig and reaps it (SIGKILL after a deadline). */
 void rg_etcd_server_kill(rg_etcd_server_t *e, int i, int sig);
-/* Restarts member i on the same data dir and ports; waits until it answers. */
+/* Restarts member i on the same data dir and ports; waits until it is healthy. */
 int rg_etcd_server_restart(rg_etcd_server_t *e, int i);
-/* Stops every member and removes the temp dir. Safe to call twice. */
+/* Stops every member and removes the temp dir (kept if REGROUP_KEEP_ETCD is set). Safe to
+ * call twice, and on a zeroed struct. */
 void rg_etcd_server_stop(rg_etcd_server_t *e);
-/* True once member i answers on its client URL (within timeout_ms). */
-bool rg_etcd_server_wait_ready(const char *url, int timeout_ms);
 /* Runs etcdctl against the server with the given arguments (a shell-free argv string split on
- * spaces); returns its exit status. */
+ * spaces; as root when auth is on); returns its exit status. Output goes to root/etcdctl.log. */
 int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args);
 
 #endif

@@ -1,35 +1,12 @@
 #include "ckpt_testutil.h"
 
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-void ckpt_tmpdir(char *out, size_t cap)
-{
-    snprintf(out, cap, "/tmp/rg-ckpt-test-XXXXXX");
-    if (mkdtemp(out) == NULL) {
-        perror("mkdtemp");
-        abort();
-    }
-}
-
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path) == 0 ? 0 : 0;
-}
-
-void ckpt_rmtree(const char *path)
-{
-    nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static uint64_t mix(uint64_t x)
 {

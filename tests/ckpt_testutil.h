@@ -1,4 +1,5 @@
-/* Helpers shared by the checkpoint tests: temp roots, deterministic tensor contents. */
+/* Helpers shared by the checkpoint tests: deterministic tensor contents, damaged files
+ * (temporary roots come from test_util.h). */
 #ifndef CKPT_TESTUTIL_H
 #define CKPT_TESTUTIL_H
 
@@ -7,10 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Creates a fresh directory under /tmp; returns its path (static storage per call site). */
-void ckpt_tmpdir(char *out, size_t cap);
-/* Removes a directory tree (depth-first, bounded). */
-void ckpt_rmtree(const char *path);
 /* Element e of a global tensor identified by seed: the same bytes for any slicing. */
 void ckpt_fill(void *dst, rg_dtype_t dtype, uint64_t first_elem, size_t n_elems,
                uint64_t seed);

@@ -1,7 +1,7 @@
 /* Test support for comm/: rank processes over a real etcd (see comm_testlib.h). */
 #include "comm_testlib.h"
 
-#include "etcd_server.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <errno.h>
@@ -15,26 +15,26 @@
 #include <time.h>
 #include <unistd.h>
 
-static rg_etcd_server_t test_etcd;
-static bool test_etcd_up;
+static test_etcd_t comm_etcd;
+static bool comm_etcd_up;
 static int run_counter;
 
 const char *comm_test_etcd(void)
 {
-    if (!test_etcd_up) {
-        if (rg_etcd_server_start(&test_etcd, NULL) != 0) {
+    if (!comm_etcd_up) {
+        if (!test_etcd_start(&comm_etcd, NULL)) {
             return NULL;
         }
-        test_etcd_up = true;
+        comm_etcd_up = true;
     }
-    return test_etcd.endpoints;
+    return comm_etcd.srv.endpoints;
 }
 
 void comm_test_etcd_stop(void)
 {
-    if (test_etcd_up) {
-        rg_etcd_server_stop(&test_etcd);
-        test_etcd_up = false;
+    if (comm_etcd_up) {
+        test_etcd_down(&comm_etcd);
+        comm_etcd_up = false;
     }
 }
 

@@ -1,10 +1,9 @@
 /* ckpt/: round trips, resharding, verification and fallback, retention, bad input. */
 #include "ckpt_testutil.h"
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <regroup/ckpt.h>
 #include <regroup/etcd.h>
-#include "etcd_server.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -20,12 +19,12 @@ static char root[256];
 
 static void root_up(void)
 {
-    ckpt_tmpdir(root, sizeof(root));
+    test_tmpdir(root, sizeof(root), "ckpt");
 }
 
 static void root_down(void)
 {
-    ckpt_rmtree(root);
+    test_rmtree(root);
 }
 
 static uint64_t deadline_s(int s)
@@ -560,8 +559,7 @@ END_TEST
 
 START_TEST(test_commit_recorded_in_etcd)
 {
-    rg_etcd_server_t srv;
-    rg_etcd_params_t ep;
+    test_etcd_t etcd;
     rg_etcd_t *cli;
     rg_ckpt_params_t params = {.root = root, .rank = 0, .world_size = 1, .job = "job-7"};
     rg_ckpt_t *ck;
@@ -569,9 +567,8 @@ START_TEST(test_commit_recorded_in_etcd)
     char *value = NULL;
     size_t len = 0;
 
-    ck_assert_int_eq(rg_etcd_server_start(&srv, NULL), 0);
-    ep = (rg_etcd_params_t){.endpoints = srv.endpoints, .timeout_ms = 3000};
-    ck_assert_int_eq(rg_etcd_create(&ep, &cli), RG_OK);
+    test_etcd_up(&etcd, NULL);
+    ck_assert_int_eq(rg_etcd_create(&etcd.params, &cli), RG_OK);
     params.etcd = cli;
     ck_assert_int_eq(rg_ckpt_create(&params, &ck), RG_OK);
     for (int64_t s = 3; s <= 4; s++) {
@@ -584,7 +581,7 @@ START_TEST(test_commit_recorded_in_etcd)
         free(value);
     }
     /* etcd gone: the step is committed on disk, and the handle says etcd failed. */
-    rg_etcd_server_stop(&srv);
+    test_etcd_down(&etcd);
     ck_assert_int_eq(save_model(ck, 0, 1, 5, 0, &sv), RG_OK);
     ck_assert_int_ne(rg_ckpt_save_wait(sv, deadline_s(60)), RG_OK);
     ck_assert_msg(strstr(rg_last_error(), "committed on disk but not in etcd") != NULL, "%s",
@@ -670,8 +667,6 @@ int main(void)
 {
     Suite *s = suite_create("ckpt");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
     tcase_add_checked_fixture(tc, root_up, root_down);
     tcase_set_timeout(tc, 120);
@@ -690,9 +685,5 @@ int main(void)
     tcase_add_test(tc, test_commit_recorded_in_etcd);
     tcase_add_test(tc, test_golden_inputs);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_ckpt", s, NULL);
 }

@@ -5,7 +5,7 @@
  * Afterwards the previous checkpoint must load and no partial one may be visible.
  */
 #include "ckpt_testutil.h"
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <regroup/ckpt.h>
 
@@ -28,12 +28,12 @@ static char root[256];
 
 static void root_up(void)
 {
-    ckpt_tmpdir(root, sizeof(root));
+    test_tmpdir(root, sizeof(root), "ckpt-crash");
 }
 
 static void root_down(void)
 {
-    ckpt_rmtree(root);
+    test_rmtree(root);
 }
 
 typedef struct {
@@ -174,7 +174,7 @@ static void check_after_crash(const char *what, int64_t arg)
     /* Reset for the next round: leftovers go, and so does a step 2 that made it. */
     ck_assert_int_eq(rg_ckpt_cleanup(root, NULL), RG_OK);
     snprintf(dir, sizeof(dir), "%s/step-2", root);
-    ckpt_rmtree(dir);
+    test_rmtree(dir);
 }
 
 static int64_t total_bytes_of_step2(void)
@@ -186,7 +186,7 @@ static int64_t total_bytes_of_step2(void)
     child_t c;
     int ws;
 
-    ckpt_tmpdir(scratch, sizeof(scratch));
+    test_tmpdir(scratch, sizeof(scratch), "ckpt-scratch");
     c = plain(scratch, 2);
     ws = child_run(&c);
     ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
@@ -195,7 +195,7 @@ static int64_t total_bytes_of_step2(void)
         ck_assert_int_gt(ckpt_file_size(path), 0);
         total += ckpt_file_size(path);
     }
-    ckpt_rmtree(scratch);
+    test_rmtree(scratch);
     return total;
 }
 
@@ -322,8 +322,6 @@ int main(void)
 {
     Suite *s = suite_create("ckpt_crash");
     TCase *tc = tcase_create("core");
-    SRunner *sr;
-    int failed;
 
     tcase_add_checked_fixture(tc, root_up, root_down);
     tcase_set_timeout(tc, 240);
@@ -332,9 +330,5 @@ int main(void)
     tcase_add_test(tc, test_kill_one_rank_of_two);
     tcase_add_test(tc, test_disk_full);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_ckpt_crash", s, NULL);
 }

@@ -1,5 +1,5 @@
 /* common/: status strings, the error slot, the bounded buffer, deadlines. */
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -62,9 +62,5 @@ int main(void)
     tcase_add_test(tc, test_dbuf_limit);
     tcase_add_test(tc, test_deadline);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_common", s, NULL);
 }

@@ -2,7 +2,7 @@
  * corrupt, truncated and foreign files in tests/data/ (made by tests/data/make_idx_golden.py). */
 #include <regroup/data.h>
 
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <stdio.h>
@@ -203,9 +203,5 @@ int main(void)
     tcase_add_test(tc, test_golden_limits);
     tcase_add_test(tc, test_create_copies);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_data_idx", s, NULL);
 }

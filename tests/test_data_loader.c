@@ -3,11 +3,14 @@
  * stops its thread cleanly (ASan checks for leaks). */
 #include <regroup/data.h>
 
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #define N  257
 #define RS 5
@@ -38,6 +41,82 @@ static rg_loader_t *make_loader(const rg_dataset_t *ds, uint32_t rank, uint32_t 
     ck_assert_msg(rg_loader_create(ds, &params, rank, world, c, &l) == RG_OK, "%s",
                   rg_last_error());
     return l;
+}
+
+/* ---- the loader's thread, seen from /proc --------------------------------------------- */
+
+#define MAX_TASKS 64
+
+/* The ids of this process's threads; returns how many (at most MAX_TASKS). */
+static size_t list_tasks(pid_t *tids)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    size_t n = 0;
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)) != NULL && n < MAX_TASKS) {
+        if (e->d_name[0] != '.') {
+            tids[n++] = (pid_t)atoi(e->d_name);
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* make_loader, also returning the id of the thread it started: the one task that was not
+ * there before (this test starts no other threads). */
+static rg_loader_t *make_loader_tid(const rg_dataset_t *ds, const rg_sampler_params_t *p,
+                                    uint32_t rank, uint32_t world, const rg_data_cursor_t *c,
+                                    pid_t *tid)
+{
+    pid_t before[MAX_TASKS];
+    pid_t after[MAX_TASKS];
+    size_t nb = list_tasks(before);
+    rg_loader_t *l = NULL;
+    ck_assert_msg(rg_loader_create(ds, p, rank, world, c, &l) == RG_OK, "%s", rg_last_error());
+    size_t na = list_tasks(after);
+    *tid = 0;
+    for (size_t i = 0; i < na; i++) {
+        bool old = false;
+        for (size_t j = 0; j < nb; j++) {
+            old = old || after[i] == before[j];
+        }
+        if (!old) {
+            ck_assert_msg(*tid == 0, "more than one new thread");
+            *tid = after[i];
+        }
+    }
+    ck_assert_int_gt(*tid, 0);
+    return l;
+}
+
+/* The scheduler state of one of our threads ('R', 'S', ...), 0 if it is gone. */
+static char task_state(pid_t tid)
+{
+    char path[64];
+    char buf[512];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');   /* "tid (name) S ...": the name may hold anything */
+    return p != NULL && p[1] == ' ' ? p[2] : 0;
+}
+
+/*
+ * Waits until the loader's ring is full. Its thread sleeps only in the wait for a free slot
+ * (while this thread, its only caller, is outside the loader there is no one to contend for
+ * its lock), so the thread being asleep means every slot is filled: RG_LOADER_DEPTH batches
+ * are ready beyond the one the caller holds (all RG_LOADER_DEPTH + 1 if it holds none).
+ */
+static void wait_queue_full(pid_t tid)
+{
+    TEST_WAIT_UNTIL(task_state(tid) == 'S', 10000, "the loader's queue never filled (thread %c)",
+                    task_state(tid));
 }
 
 static void check_batch_records(const rg_dataset_t *ds, const rg_batch_t *b)
@@ -138,18 +217,42 @@ START_TEST(test_loader_resize_exactly_once)
 }
 END_TEST
 
-/* Destroy in every state: before any batch, holding one, with a full queue. */
+/* Destroy in every state: before any batch, holding one, with a full queue (after 0..7
+ * batches taken; that the queue is full is checked: the ready batches are all there). */
 START_TEST(test_loader_destroy_states)
 {
     rg_dataset_t    *ds = make_dataset();
     rg_data_cursor_t c = rg_data_cursor_start(1);
+    const rg_batch_t *b;
+    pid_t            tid;
+
+    /* Before any batch: the thread is still at its first one. */
+    rg_loader_destroy(make_loader(ds, 0, 2, &c));
+    /* Holding one. */
+    rg_loader_t *l = make_loader(ds, 0, 2, &c);
+    ck_assert_int_eq(rg_loader_next(l, rg_deadline_in_ms(10000), &b), RG_OK);
+    rg_loader_destroy(l);
+
     for (int held = 0; held < 8; held++) {
-        rg_loader_t *l = make_loader(ds, 0, 2, &c);
+        l = make_loader_tid(ds, &params, 0, 2, &c, &tid);
         for (int i = 0; i < held; i++) {
-            const rg_batch_t *b;
-            ck_assert_int_eq(rg_loader_next(l, 0, &b), RG_OK);
+            ck_assert_int_eq(rg_loader_next(l, rg_deadline_in_ms(10000), &b), RG_OK);
         }
+        wait_queue_full(tid);
+        /* Full means full: every ready batch comes even with a deadline long passed. */
+        rg_data_cursor_t want = held > 0 ? b->next : c;
+        int ready = held == 0 ? RG_LOADER_DEPTH + 1 : RG_LOADER_DEPTH;
+        for (int k = 0; k < ready; k++) {
+            rg_status_t st = rg_loader_next(l, 1, &b);
+            ck_assert_msg(st == RG_OK, "after %d taken, ready batch %d of %d: %s", held, k,
+                          ready, rg_last_error());
+            ck_assert_mem_eq(&b->cursor, &want, sizeof(want));
+            want = b->next;
+        }
+        /* Full again, then destroyed. */
+        wait_queue_full(tid);
         rg_loader_destroy(l);
+        b = NULL;
     }
     rg_loader_destroy(NULL);
     rg_dataset_destroy(ds);
@@ -157,13 +260,16 @@ START_TEST(test_loader_destroy_states)
 END_TEST
 
 /*
- * A passed deadline gives RG_ETIMEDOUT when no batch is ready and never loses or reorders a
- * batch. Big batches make the thread slow enough that the first calls usually time out; the
- * check holds whichever way each call goes.
+ * A passed deadline gives RG_ETIMEDOUT when no batch is ready, the ready batch when there is
+ * one, and never loses or reorders a batch. First the ring is let fill: its batches all come
+ * with a deadline long passed. Then the caller asks again and again with that deadline while
+ * the thread prepares each next batch (1024 records of 784 bytes: far longer than a call), so
+ * some calls find nothing ready and must time out; the batches still come, each once, in the
+ * sampler's order.
  */
 START_TEST(test_loader_timeout_keeps_order)
 {
-    enum { BN = 4096, BRS = 784, BB = 1024 };
+    enum { BN = 4096, BRS = 784, BB = 1024, TOTAL = 12 };
     uint8_t *rec = calloc((size_t)BN * BRS, 1);
     uint8_t *lab = calloc(BN, 1);
     for (size_t i = 0; i < (size_t)BN * BRS; i++) {
@@ -177,18 +283,25 @@ START_TEST(test_loader_timeout_keeps_order)
     rg_sampler_t       *sampler = NULL;
     ck_assert_int_eq(rg_sampler_create(&p, &sampler), RG_OK);
     rg_data_cursor_t c = rg_data_cursor_start(4);
-    rg_loader_t     *l = NULL;
-    ck_assert_int_eq(rg_loader_create(ds, &p, 1, 2, &c, &l), RG_OK);
-    int      timeouts = 0;
-    uint32_t want[BB];
-    for (int got = 0, calls = 0; got < 6 && calls < 1000000; calls++) {
+    pid_t            tid;
+    rg_loader_t     *l = make_loader_tid(ds, &p, 1, 2, &c, &tid);
+    int              timeouts = 0;
+    int              got = 0;
+    uint32_t         want[BB];
+    rg_deadline_t    until = rg_deadline_in_ms(30000);
+
+    wait_queue_full(tid);
+    while (got < TOTAL) {
+        ck_assert_msg(!rg_deadline_passed(until), "%d batches in 30 s", got);
         const rg_batch_t *b = NULL;
         rg_status_t       st = rg_loader_next(l, 1, &b); /* 1 ns after boot: long passed */
         if (st == RG_ETIMEDOUT) {
+            ck_assert_msg(got > RG_LOADER_DEPTH, "timed out with batch %d ready", got);
+            ck_assert_msg(strstr(rg_last_error(), "deadline") != NULL, "%s", rg_last_error());
             timeouts++;
             continue;
         }
-        ck_assert_int_eq(st, RG_OK);
+        ck_assert_msg(st == RG_OK, "%s", rg_last_error());
         size_t cnt;
         ck_assert_int_eq(rg_sampler_ids(sampler, &c, 1, 2, want, BB, &cnt), RG_OK);
         ck_assert_mem_eq(&b->cursor, &c, sizeof(c));
@@ -197,12 +310,12 @@ START_TEST(test_loader_timeout_keeps_order)
         rg_sampler_advance(sampler, &c);
         got++;
     }
-    ck_assert_uint_eq(c.epoch, 1);
-    ck_assert_uint_eq(c.step, 2);
+    ck_assert_msg(timeouts > 0, "no call found the queue empty in %d batches", TOTAL);
+    ck_assert_uint_eq(c.epoch, 3);
+    ck_assert_uint_eq(c.step, 0);
     rg_loader_destroy(l);
     rg_sampler_destroy(sampler);
     rg_dataset_destroy(ds);
-    (void)timeouts;
 }
 END_TEST
 
@@ -233,9 +346,5 @@ int main(void)
     tcase_add_test(tc, test_loader_timeout_keeps_order);
     tcase_add_test(tc, test_loader_bad_arguments);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_data_loader", s, NULL);
 }

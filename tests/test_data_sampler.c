@@ -2,7 +2,7 @@
  * every sample across a simulated history of resizes and crashes. */
 #include <regroup/data.h>
 
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -355,9 +355,5 @@ int main(void)
     tcase_add_test(tc, test_exactly_once_short_last_batch);
     tcase_add_test(tc, test_exactly_once_drop_last);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_data_sampler", s, NULL);
 }

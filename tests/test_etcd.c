@@ -1,6 +1,5 @@
 /* The etcd client against real etcd servers started on free loopback ports. */
-#include "rg_common.h"
-#include "etcd_server.h"
+#include "test_util.h"
 
 #include <regroup/etcd.h>
 
@@ -10,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAST_ETCD "--heartbeat-interval=10 --election-timeout=100"
-
-static rg_etcd_server_t srv;
+static test_etcd_t etcd;
 static rg_etcd_t *cli;
 
 static rg_etcd_params_t params_for(const char *endpoints)
@@ -21,18 +18,29 @@ static rg_etcd_params_t params_for(const char *endpoints)
     return p;
 }
 
+/* One fast member and a client without credentials; auth: the same with auth enabled. */
+static void up_with(bool auth)
+{
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST, .auth = auth});
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
+    ck_assert_int_eq(rg_etcd_create(&p, &cli), RG_OK);
+}
+
 static void up(void)
 {
-    ck_assert_int_eq(rg_etcd_server_start(&srv, FAST_ETCD), 0);
-    rg_etcd_params_t p = params_for(srv.endpoints);
-    ck_assert_int_eq(rg_etcd_create(&p, &cli), RG_OK);
+    up_with(false);
+}
+
+static void up_auth(void)
+{
+    up_with(true);
 }
 
 static void down(void)
 {
     rg_etcd_destroy(cli);
     cli = NULL;
-    rg_etcd_server_stop(&srv);
+    test_etcd_down(&etcd);
 }
 
 static void put(rg_etcd_t *c, const char *k, const char *v)
@@ -215,14 +223,26 @@ START_TEST(test_txn_branches)
 }
 END_TEST
 
+/* True if key exists (a failed read is not). */
+static bool key_present(const char *key)
+{
+    rg_etcd_range_t r;
+    rg_etcd_range_req_t rq = {.key = key};
+    if (rg_etcd_range(cli, &rq, 0, &r) != RG_OK) {
+        return false;
+    }
+    bool there = r.n_kvs == 1;
+    rg_etcd_range_cleanup(&r);
+    return there;
+}
+
 START_TEST(test_lease_expiry_and_keepalive)
 {
     int64_t lease;
     int64_t ttl;
     int64_t kept;
-    rg_etcd_range_t r;
     rg_etcd_watch_t *w;
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
 
     /* Two leases: one expires, the other is held by a keeper. */
     ck_assert_int_eq(rg_etcd_lease_grant(cli, 1, 0, &lease, &ttl), RG_OK);
@@ -243,27 +263,16 @@ START_TEST(test_lease_expiry_and_keepalive)
     ck_assert_int_eq(rg_etcd_lease_keepalive(cli, lease, 0, &ttl), RG_ELEASE);
     ck_assert_int_eq(rg_etcd_lease_ttl(cli, lease, 0, &ttl, NULL), RG_ELEASE);
 
-    /* Wait until the kept lease has lived two TTLs: its key must still be there. */
-    uint64_t until = rg_now_ns() + 4000000000ull;
-    while (rg_now_ns() < until) {
-        ck_assert(!rg_etcd_keeper_lost(keeper));
-        rg_etcd_range_req_t rq = {.key = "/l/lives"};
-        ck_assert_int_eq(rg_etcd_range(cli, &rq, 0, &r), RG_OK);
-        ck_assert_uint_eq(r.n_kvs, 1);
-        rg_etcd_range_cleanup(&r);
-        rg_sleep_ms(200);
-    }
+    /* While the kept lease lives two TTLs, its key stays and its keeper holds it. */
+    TEST_HOLD_FOR(!rg_etcd_keeper_lost(keeper) && key_present("/l/lives"), 4000,
+                  "the kept lease's key went, or its keeper gave up");
     ck_assert_int_eq(rg_etcd_lease_ttl(cli, kept, 0, &ttl, NULL), RG_OK);
     /* Revoking deletes at once; the keeper sees the lease gone and says so. */
     ck_assert_int_eq(rg_etcd_lease_revoke(cli, kept, 0), RG_OK);
     char *v;
     size_t len;
     ck_assert_int_eq(rg_etcd_get(cli, "/l/lives", 0, &v, &len, NULL), RG_ENOENT);
-    uint64_t lost_by = rg_now_ns() + 5000000000ull;
-    while (!rg_etcd_keeper_lost(keeper) && rg_now_ns() < lost_by) {
-        rg_sleep_ms(20);
-    }
-    ck_assert(rg_etcd_keeper_lost(keeper));
+    TEST_WAIT_UNTIL(rg_etcd_keeper_lost(keeper), 5000, "the keeper did not see its lease go");
     rg_etcd_keeper_stop(keeper);
     ck_assert_int_eq(rg_etcd_lease_revoke(cli, kept, 0), RG_ELEASE);
 }
@@ -273,7 +282,7 @@ START_TEST(test_watch_order_and_prev)
 {
     rg_etcd_watch_t *w;
     rg_etcd_event_t ev;
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
     int64_t rev0;
 
     ck_assert_int_eq(rg_etcd_put_str(cli, "/w/before", "0", 0, 0, &rev0), RG_OK);
@@ -304,7 +313,7 @@ END_TEST
 START_TEST(test_watch_survives_restart)
 {
     rg_etcd_watch_t *w;
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
     char v[16];
 
     rg_etcd_watch_req_t wr = {.key = "/r/", .prefix = true};
@@ -316,8 +325,8 @@ START_TEST(test_watch_survives_restart)
     /* Take two, then the server dies with three unread and comes back on the same data. */
     expect_event(w, RG_ETCD_EVENT_PUT, "/r/k", "0");
     expect_event(w, RG_ETCD_EVENT_PUT, "/r/k", "1");
-    rg_etcd_server_kill(&srv, 0, SIGKILL);
-    ck_assert_int_eq(rg_etcd_server_restart(&srv, 0), 0);
+    rg_etcd_server_kill(&etcd.srv, 0, SIGKILL);
+    ck_assert_int_eq(rg_etcd_server_restart(&etcd.srv, 0), 0);
     for (int i = 5; i < 10; i++) {
         snprintf(v, sizeof(v), "%d", i);
         put(cli, "/r/k", v);
@@ -337,14 +346,14 @@ START_TEST(test_watch_compacted)
 {
     rg_etcd_watch_t *w;
     rg_etcd_event_t ev;
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
     int64_t rev;
     int64_t compact = 0;
 
     put(cli, "/c/k", "1");
     put(cli, "/c/k", "2");
     ck_assert_int_eq(rg_etcd_put_str(cli, "/c/k", "3", 0, 0, &rev), RG_OK);
-    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "compaction 4"), 0);
+    ck_assert_int_eq(rg_etcd_server_etcdctl(&etcd.srv, "compaction 4"), 0);
     /* Reading a compacted revision is its own error. */
     rg_etcd_range_req_t rq = {.key = "/c/k", .revision = 2};
     rg_etcd_range_t r;
@@ -385,14 +394,14 @@ END_TEST
 
 START_TEST(test_cluster_failover)
 {
-    rg_etcd_server_t cl;
+    test_etcd_t cluster;
+    rg_etcd_server_t *cl = &cluster.srv;
     rg_etcd_t *c;
     rg_etcd_watch_t *w;
     char v[16];
 
-    ck_assert_int_eq(rg_etcd_server_cluster_start(&cl, 3,
-                     "--heartbeat-interval=50 --election-timeout=500"), 0);
-    rg_etcd_params_t p = params_for(cl.endpoints);
+    test_etcd_up(&cluster, &(test_etcd_opts_t){.members = 3, .extra_flags = TEST_ETCD_CLUSTER});
+    rg_etcd_params_t p = cluster.params;
     /* Killing the leader costs an election (500 ms here, longer on a loaded machine). */
     p.timeout_ms = 10000;
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
@@ -405,26 +414,26 @@ START_TEST(test_cluster_failover)
     /* Kill the member the client uses (the watch started on the same one). */
     const char *used = rg_etcd_endpoint(c);
     int victim = -1;
-    for (int i = 0; i < cl.n; i++) {
-        if (strcmp(cl.url[i], used) == 0) {
+    for (int i = 0; i < cl->n; i++) {
+        if (strcmp(cl->url[i], used) == 0) {
             victim = i;
         }
     }
     ck_assert_int_ge(victim, 0);
-    rg_etcd_server_kill(&cl, victim, SIGKILL);
+    rg_etcd_server_kill(cl, victim, SIGKILL);
     for (int i = 2; i < 6; i++) {
         snprintf(v, sizeof(v), "%d", i);
         rg_status_t st = rg_etcd_put_str(c, "/f/k", v, 0, 0, NULL);
         ck_assert_msg(st == RG_OK, "put after member death: %s", rg_last_error());
     }
-    ck_assert_str_ne(rg_etcd_endpoint(c), cl.url[victim]);
+    ck_assert_str_ne(rg_etcd_endpoint(c), cl->url[victim]);
     for (int i = 2; i < 6; i++) {
         snprintf(v, sizeof(v), "%d", i);
         expect_event(w, RG_ETCD_EVENT_PUT, "/f/k", v);
     }
     rg_etcd_watch_destroy(w);
     rg_etcd_destroy(c);
-    rg_etcd_server_stop(&cl);
+    test_etcd_down(&cluster);
 }
 END_TEST
 
@@ -436,15 +445,12 @@ START_TEST(test_auth)
     char *v;
     size_t len;
 
-    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "user add root:rootpw"), 0);
-    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "auth enable"), 0);
-
     /* Without credentials: refused, clearly. */
     rg_status_t st = rg_etcd_put_str(cli, "/a/k", "v", 0, 0, NULL);
     ck_assert_msg(st == RG_EAUTH || st == RG_EPERM, "%s: %s", rg_status_name(st),
                   rg_last_error());
 
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
     p.user = "root";
     p.password = "wrong";
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
@@ -453,7 +459,7 @@ START_TEST(test_auth)
     ck_assert_msg(strstr(rg_last_error(), "authentication") != NULL, "%s", rg_last_error());
     rg_etcd_destroy(c);
 
-    p.password = "rootpw";
+    p.password = TEST_ETCD_PASSWORD;
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
     ck_assert_int_eq(rg_etcd_put_str(c, "/a/k", "v", 0, 0, NULL), RG_OK);
     ck_assert_int_eq(rg_etcd_get(c, "/a/k", 0, &v, &len, NULL), RG_OK);
@@ -486,8 +492,12 @@ Suite *etcd_suite(void)
     tcase_add_test(tc, test_watch_survives_restart);
     tcase_add_test(tc, test_watch_compacted);
     tcase_add_test(tc, test_unreachable);
-    tcase_add_test(tc, test_auth);
     suite_add_tcase(s, tc);
+    TCase *tca = tcase_create("auth");
+    tcase_add_checked_fixture(tca, up_auth, down);
+    tcase_set_timeout(tca, 60);
+    tcase_add_test(tca, test_auth);
+    suite_add_tcase(s, tca);
     TCase *tcl = tcase_create("cluster");
     tcase_set_timeout(tcl, 90);
     tcase_add_test(tcl, test_cluster_failover);
@@ -497,10 +507,5 @@ Suite *etcd_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(etcd_suite());
-    srunner_add_suite(sr, etcd_faults_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_etcd", etcd_suite(), etcd_faults_suite(), NULL);
 }

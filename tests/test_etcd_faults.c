@@ -1,6 +1,5 @@
 /* The etcd client against a tiny local HTTP server that misbehaves on purpose. */
 #include "rg_common.h"
-#include "etcd_server.h"
 
 #include <regroup/etcd.h>
 

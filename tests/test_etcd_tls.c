@@ -1,6 +1,4 @@
 /* The etcd client over TLS: a CA made for the test, a server certificate for 127.0.0.1. */
-#include "rg_common.h"
-#include "etcd_server.h"
 #include "test_util.h"
 
 #include <regroup/etcd.h>
@@ -10,40 +8,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char dir[256];
+static test_etcd_t etcd;
 
-static void make_certs(void)
+static void down(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/rg-tls-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    ck_assert(test_make_certs(dir));
+    test_etcd_down(&etcd);
 }
 
-static void remove_certs(void)
+/* A put on a new client made from p: RG_OK, or the error with its message. */
+static rg_status_t put_with(const rg_etcd_params_t *p, const char *key)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    rg_etcd_t *c;
+    rg_status_t st = rg_etcd_create(p, &c);
+    if (st == RG_OK) {
+        st = rg_etcd_put_str(c, key, "v", 0, 0, NULL);
+        rg_etcd_destroy(c);
+    }
+    return st;
 }
 
 START_TEST(test_tls_round_trip)
 {
-    rg_etcd_server_t srv;
-    char cert[300];
-    char key[300];
-    char ca[300];
     char other[300];
     rg_etcd_t *c;
 
-    make_certs();
-    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
-    snprintf(key, sizeof(key), "%s/srv.key", dir);
-    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
-    snprintf(other, sizeof(other), "%s/other.pem", dir);
-    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key, NULL), 0);
-
-    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .timeout_ms = 3000};
-    rg_status_t st = test_etcd_put_when_ready(&p, "/tls/k");
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.tls = true});
+    rg_etcd_params_t p = etcd.params;
+    rg_status_t st = put_with(&p, "/tls/k");
     ck_assert_msg(st == RG_OK, "%s", rg_last_error());
     ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
     char *v;
@@ -54,15 +45,11 @@ START_TEST(test_tls_round_trip)
     rg_etcd_destroy(c);
 
     /* A CA that did not sign the server's certificate: refused, and said so. */
+    snprintf(other, sizeof(other), "%s/other.pem", etcd.certs);
     p.ca_file = other;
-    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
-    st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+    st = put_with(&p, "/tls/k");
     ck_assert_msg(st == RG_EAUTH, "%s: %s", rg_status_name(st), rg_last_error());
     ck_assert_msg(strstr(rg_last_error(), "TLS") != NULL, "%s", rg_last_error());
-    rg_etcd_destroy(c);
-
-    rg_etcd_server_stop(&srv);
-    remove_certs();
 }
 END_TEST
 
@@ -70,39 +57,16 @@ END_TEST
  * in, one without is refused and told so. */
 START_TEST(test_tls_client_certificate)
 {
-    rg_etcd_server_t srv;
-    char cert[300];
-    char key[300];
-    char ca[300];
-    char cli_cert[300];
-    char cli_key[300];
-    char flags[400];
-    rg_etcd_t *c;
-
-    make_certs();
-    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
-    snprintf(key, sizeof(key), "%s/srv.key", dir);
-    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
-    snprintf(cli_cert, sizeof(cli_cert), "%s/cli.pem", dir);
-    snprintf(cli_key, sizeof(cli_key), "%s/cli.key", dir);
-    snprintf(flags, sizeof(flags), "--client-cert-auth --trusted-ca-file %s", ca);
-    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, cert, key, flags), 0);
-
-    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = ca, .cert_file = cli_cert,
-                          .key_file = cli_key, .timeout_ms = 3000};
-    rg_status_t st = test_etcd_put_when_ready(&p, "/tls/k");
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.tls = true, .client_certs = true});
+    rg_etcd_params_t p = etcd.params;
+    rg_status_t st = put_with(&p, "/tls/k");
     ck_assert_msg(st == RG_OK, "%s", rg_last_error());
 
     p.cert_file = NULL;
     p.key_file = NULL;
-    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
-    st = rg_etcd_put_str(c, "/tls/k", "v", 0, 0, NULL);
+    st = put_with(&p, "/tls/k");
     ck_assert_msg(st == RG_EAUTH, "%s: %s", rg_status_name(st), rg_last_error());
     ck_assert_msg(strstr(rg_last_error(), "TLS") != NULL, "%s", rg_last_error());
-    rg_etcd_destroy(c);
-
-    rg_etcd_server_stop(&srv);
-    remove_certs();
 }
 END_TEST
 
@@ -110,13 +74,10 @@ int main(void)
 {
     Suite *s = suite_create("etcd_tls");
     TCase *tc = tcase_create("tls");
+    tcase_add_checked_fixture(tc, NULL, down);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tls_round_trip);
     tcase_add_test(tc, test_tls_client_certificate);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_etcd_tls", s, NULL);
 }

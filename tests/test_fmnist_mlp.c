@@ -6,7 +6,7 @@
 
 #include <regroup/data.h>
 
-#include "rg_common.h"
+#include "test_util.h"
 
 #include <check.h>
 #include <math.h>
@@ -244,9 +244,5 @@ int main(void)
     tcase_add_test(tc, test_adam_step);
     tcase_add_test(tc, test_short_training_run);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_fmnist_mlp", s, NULL);
 }

@@ -2,8 +2,6 @@
  * The regroup launcher through real processes: agents started as separate "nodes" on
  * loopback against a real etcd, workers that record their starts in an events file.
  */
-#include "etcd_server.h"
-#include "rg_common.h"
 #include "test_util.h"
 
 #include <check.h>
@@ -23,13 +21,12 @@
 #define WORKER     RG_TEST_DATA "/rg_test_worker.sh"
 
 static char dir[256];
-static rg_etcd_server_t srv;
+static test_etcd_t etcd;
 static pid_t agents[MAX_AGENTS];
 
 static void setup_dir(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/rg-launch-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    test_tmpdir(dir, sizeof(dir), "launch");
     setenv("RG_TEST_DIR", dir, 1);
     unsetenv("RG_TEST_FAIL_RANK");
     memset(agents, 0, sizeof(agents));
@@ -38,8 +35,7 @@ static void setup_dir(void)
 static void up(void)
 {
     setup_dir();
-    ck_assert_int_eq(rg_etcd_server_start(&srv, "--heartbeat-interval=10 --election-timeout=100"),
-                     0);
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
 }
 
 static void kill_agents(void)
@@ -53,13 +49,17 @@ static void kill_agents(void)
     }
 }
 
+static void down_dir(void)
+{
+    kill_agents();
+    test_rmtree(dir);
+}
+
 static void down(void)
 {
-    char cmd[300];
     kill_agents();
-    rg_etcd_server_stop(&srv);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    test_etcd_down(&etcd);
+    test_rmtree(dir);
 }
 
 /* Starts `regroup ARGS... WORKER` with output in dir/agent<i>.log. NULL-terminated args. */
@@ -80,9 +80,8 @@ static pid_t start_agent(int i, ...)
     argv[n] = NULL;
     snprintf(log, sizeof(log), "%s/agent%d.log", dir, i);
     setenv("REGROUP_LOG_LEVEL", "info", 1);
-    pid_t pid = rg_proc_spawn(argv, log);
+    pid_t pid = test_spawn(argv, log);
     unsetenv("REGROUP_LOG_LEVEL");
-    ck_assert_int_gt(pid, 0);
     agents[i] = pid;
     return pid;
 }
@@ -139,42 +138,19 @@ static int wait_starts(int from, int count, int world, int restart, int timeout_
             ck_abort_msg("waited %d ms for %d starts at world %d (restart %d) after event %d; "
                          "have %d events", timeout_ms, count, world, restart, from, n);
         }
-        rg_sleep_ms(20);
+        rg_sleep_ms(TEST_POLL_MS);
     }
 }
 
+/* test_wait_exit for an agent: it is reaped either way, so the teardown forgets it. */
 static int wait_exit(pid_t pid, int timeout_ms)
 {
-    int rc = rg_proc_wait(pid, timeout_ms);
-    ck_assert_msg(rc >= 0, "pid %d did not exit within %d ms", (int)pid, timeout_ms);
     for (int i = 0; i < MAX_AGENTS; i++) {
         if (agents[i] == pid) {
             agents[i] = 0;
         }
     }
-    return rc;
-}
-
-static bool pid_gone(pid_t pid, int timeout_ms)
-{
-    uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    while (rg_now_ns() < until) {
-        char path[64];
-        char state = 0;
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "r");
-        if (f == NULL) {
-            return true;
-        }
-        /* A zombie whose parent is gone is as good as gone. */
-        if (fscanf(f, "%*d %*s %c", &state) == 1 && state == 'Z') {
-            fclose(f);
-            return true;
-        }
-        fclose(f);
-        rg_sleep_ms(10);
-    }
-    return false;
+    return test_wait_exit(pid, timeout_ms);
 }
 
 static void stop_workers(void)
@@ -186,14 +162,43 @@ static void stop_workers(void)
     fclose(f);
 }
 
-static bool log_contains(int i, const char *text)
+static const char *agent_log(int i)
 {
-    char path[300];
+    static char path[300];
     snprintf(path, sizeof(path), "%s/agent%d.log", dir, i);
-    return test_file_contains(path, text);
+    return path;
 }
 
-#define EP "--rdzv-endpoint", srv.endpoints, "--rdzv-id", "job1"
+static bool log_contains(int i, const char *text)
+{
+    return test_file_contains(agent_log(i), text);
+}
+
+/* Runs `regroup ARGS...` to its end (30 s at most) with its output in out (cap bytes);
+ * returns its exit status. */
+static int run_regroup(char *const args[], char *out, size_t cap)
+{
+    char *argv[16];
+    char log[300];
+    int n = 0;
+    static int runs;
+
+    argv[n++] = REGROUP_BIN;
+    for (int i = 0; args[i] != NULL && n < 15; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    snprintf(log, sizeof(log), "%s/regroup-%d.log", dir, runs++);
+    int rc = test_run(argv, log, 30000);
+    FILE *f = fopen(log, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t got = fread(out, 1, cap - 1, f);
+    out[got] = '\0';
+    fclose(f);
+    return rc;
+}
+
+#define EP "--rdzv-endpoint", etcd.srv.endpoints, "--rdzv-id", "job1"
 
 START_TEST(test_resize_on_node_loss_and_return)
 {
@@ -215,15 +220,11 @@ START_TEST(test_resize_on_node_loss_and_return)
     ck_assert_int_eq(seen, 0x3f);
 
     /* `regroup status` shows the round: members, ranks and world size. */
-    char cmd[800];
+    char ep[600];
     char out[4096];
-    snprintf(cmd, sizeof(cmd), "%s status --rdzv-endpoint=%s --rdzv-id=job1", REGROUP_BIN,
-             srv.endpoints);
-    FILE *ps = popen(cmd, "r");
-    ck_assert_ptr_nonnull(ps);
-    size_t got = fread(out, 1, sizeof(out) - 1, ps);
-    out[got] = '\0';
-    ck_assert_int_eq(pclose(ps), 0);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=job1", NULL}, out,
+                                 sizeof(out)), 0);
     ck_assert_msg(strstr(out, "3 nodes, world size 6") != NULL && strstr(out, "4-5") != NULL,
                   "status says: %s", out);
 
@@ -250,7 +251,7 @@ START_TEST(test_resize_on_node_loss_and_return)
     ck_assert_int_eq(k, 2);
     kill(victim, SIGKILL);
     ck_assert_int_eq(wait_exit(victim, 5000), 128 + SIGKILL);
-    ck_assert_msg(pid_gone(orphans[0], 5000) && pid_gone(orphans[1], 5000),
+    ck_assert_msg(test_pid_gone(orphans[0], 5000) && test_pid_gone(orphans[1], 5000),
                   "the lost agent's workers outlived it");
     at = wait_starts(at, 4, 4, 0, 30000);
 
@@ -272,11 +273,7 @@ START_TEST(test_waiting_node_ends_with_the_job)
     wait_starts(0, 1, 1, 0, 20000);
     start_agent(1, EP, "--nnodes=1", "--rdzv-conf=join_timeout=60", NULL);
     /* The second node waits (the job is at MAX); then the job's workers finish. */
-    uint64_t until = rg_now_ns() + 20000000000ull;
-    while (!log_contains(1, "waiting to join")) {
-        ck_assert_msg(rg_now_ns() < until, "the second node never waited");
-        rg_sleep_ms(20);
-    }
+    test_wait_file_contains(agent_log(1), "waiting to join", 20000);
     stop_workers();
     ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
     ck_assert_int_eq(wait_exit(agents[1], 20000), 0);
@@ -332,7 +329,6 @@ END_TEST
 
 START_TEST(test_standalone_leaves_nothing)
 {
-    setup_dir();
     stop_workers();   /* the workers finish at once */
     pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", NULL);
     ck_assert_int_eq(wait_exit(pid, 20000), 0);
@@ -353,12 +349,9 @@ START_TEST(test_standalone_leaves_nothing)
     }
     fclose(f);
     ck_assert_int_gt(etcd_pid, 0);
-    ck_assert_msg(pid_gone(etcd_pid, 2000), "etcd pid %d still runs", etcd_pid);
+    ck_assert_msg(test_pid_gone(etcd_pid, 2000), "etcd pid %d still runs", etcd_pid);
     struct stat sb;
     ck_assert_msg(stat(root, &sb) != 0, "data dir %s still exists", root);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -367,7 +360,6 @@ START_TEST(test_log_dir_tee_and_redirects)
     char logdir[300];
     char arg[320];
     char path[512];
-    setup_dir();
     stop_workers();
     snprintf(logdir, sizeof(logdir), "%s/logs", dir);
     snprintf(arg, sizeof(arg), "--log-dir=%s", logdir);
@@ -383,25 +375,18 @@ START_TEST(test_log_dir_tee_and_redirects)
     ck_assert(!log_contains(1, "rank 0 done"));
     snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
     ck_assert(test_file_contains(path, "rank 0 done"));
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
-    char cmd[1024];
     char out[2048] = "";
-    snprintf(cmd, sizeof(cmd), "%s %s %s /bin/true 2>&1", REGROUP_BIN, a1, a2 ? a2 : "");
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, sizeof(out) - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    ck_assert_msg(strstr(out, expect) != NULL, "'%s' says '%s', not '%s'", cmd, out, expect);
+    char *args[] = {(char *)a1, a2 ? (char *)a2 : "/bin/true", a2 ? "/bin/true" : NULL, NULL};
+    int st = run_regroup(args, out, sizeof(out));
+    ck_assert_msg(strstr(out, expect) != NULL, "'regroup %s %s' says '%s', not '%s'", a1,
+                  a2 ? a2 : "", out, expect);
     ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "one line: %s", out);
-    return WEXITSTATUS(st);
+    return st;
 }
 
 START_TEST(test_bad_options)
@@ -422,7 +407,6 @@ END_TEST
 START_TEST(test_etcd_unreachable)
 {
     char ep[64];
-    setup_dir();
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=127.0.0.1:%d", rg_free_port());
     uint64_t t0 = rg_now_ns();
     pid_t pid = start_agent(0, ep, "--rdzv-conf=join_timeout=2", NULL);
@@ -430,41 +414,29 @@ START_TEST(test_etcd_unreachable)
     ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
     ck_assert(log_contains(0, "unreachable"));
     ck_assert(log_contains(0, ep + strlen("--rdzv-endpoint=")));
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
 START_TEST(test_etcd_member_loss)
 {
-    rg_etcd_server_t cl;
+    test_etcd_t cluster;
     char ep[600];
     static start_t s[64];
-    setup_dir();
-    ck_assert_int_eq(rg_etcd_server_cluster_start(&cl, 3,
-                     "--heartbeat-interval=50 --election-timeout=500"), 0);
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", cl.endpoints);
+    test_etcd_up(&cluster, &(test_etcd_opts_t){.members = 3, .extra_flags = TEST_ETCD_CLUSTER});
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", cluster.srv.endpoints);
     const char *conf = "--rdzv-conf=lease_ttl=5,last_call_timeout=1";
     start_agent(0, ep, "--rdzv-id=j3", "--nnodes=2", (char *)conf, NULL);
     start_agent(1, ep, "--rdzv-id=j3", "--nnodes=2", (char *)conf, NULL);
     wait_starts(0, 2, 2, 0, 30000);
     /* The first member is every client's first choice: kill it. */
-    rg_etcd_server_kill(&cl, 0, SIGKILL);
-    /* The job carries on: wait through two lease TTLs, then finish normally. */
-    uint64_t until = rg_now_ns() + 8000000000ull;
-    while (rg_now_ns() < until) {
-        ck_assert_int_eq(read_starts(s, 64), 2);
-        rg_sleep_ms(200);
-    }
+    rg_etcd_server_kill(&cluster.srv, 0, SIGKILL);
+    /* The job carries on through two lease TTLs (no worker restarts), then ends normally. */
+    TEST_HOLD_FOR(read_starts(s, 64) == 2, 8000, "workers restarted after an etcd member died");
     stop_workers();
     ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
     ck_assert_int_eq(wait_exit(agents[1], 20000), 0);
     ck_assert_int_eq(read_starts(s, 64), 2);
-    rg_etcd_server_stop(&cl);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    test_etcd_down(&cluster);
 }
 END_TEST
 
@@ -482,16 +454,12 @@ int main(void)
     suite_add_tcase(s, tc);
     TCase *tc2 = tcase_create("standalone");
     tcase_set_timeout(tc2, 120);
-    tcase_add_checked_fixture(tc2, NULL, kill_agents);
+    tcase_add_checked_fixture(tc2, setup_dir, down_dir);
     tcase_add_test(tc2, test_standalone_leaves_nothing);
     tcase_add_test(tc2, test_bad_options);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
     suite_add_tcase(s, tc2);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_launcher", s, NULL);
 }

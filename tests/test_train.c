@@ -4,9 +4,9 @@
  * mid-run; and the samples each rank consumed, kept for the steps of the final history, are
  * every sample of every epoch exactly once.
  */
-#include "etcd_server.h"
-#include "rg_common.h"
 #include "test_util.h"
+
+#include <regroup/ckpt.h>
 
 #include <check.h>
 #include <dirent.h>
@@ -28,24 +28,23 @@ static char dir[256];
 static char ckpt[300];
 static char trace[300];
 
+static test_etcd_t etcd;   /* the tests that need one start it themselves */
+
 static void setup(void)
 {
-    char cmd[700];
-    snprintf(dir, sizeof(dir), "/tmp/rg-train-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    test_tmpdir(dir, sizeof(dir), "train");
     snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
     snprintf(trace, sizeof(trace), "%s/trace", dir);
-    snprintf(cmd, sizeof(cmd), "mkdir -p %s %s", ckpt, trace);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
+    ck_assert_int_eq(mkdir(trace, 0700), 0);
     setenv("REGROUP_CKPT_DIR", ckpt, 1);
     setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
 static void teardown(void)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    test_etcd_down(&etcd);
+    test_rmtree(dir);
 }
 
 /* Runs argv with output to dir/<name>.log. */
@@ -53,20 +52,19 @@ static pid_t spawn(const char *name, char *const argv[])
 {
     char log[400];
     snprintf(log, sizeof(log), "%s/%s.log", dir, name);
-    pid_t pid = rg_proc_spawn(argv, log);
-    ck_assert_int_gt(pid, 0);
-    return pid;
+    return test_spawn(argv, log);
 }
 
-static int wait_exit(pid_t pid, int timeout_ms)
+/* The number of committed checkpoints under root: those with a MANIFEST. */
+static size_t committed_steps(const char *root)
 {
-    int rc = rg_proc_wait(pid, timeout_ms);
-    if (rc < 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        ck_abort_msg("pid %d did not finish within %d ms", (int)pid, timeout_ms);
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
+        return 0;
     }
-    return rc;
+    free(steps);
+    return n;
 }
 
 static bool log_has(const char *name, const char *text)
@@ -138,7 +136,7 @@ static void run_exact(int world, const char *kill_at)
                     "--trace", tr, kill_at ? "--kill-at" : NULL, (char *)kill_at,
                     "--kill-rank", "1", NULL};
     pid_t pid = spawn("job", argv);
-    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
     ck_assert_msg(log_has("job", "exact=1"), "no exact=1 at world %d", world);
     check_exactly_once(EPOCHS, SAMPLES);
 }
@@ -173,43 +171,25 @@ END_TEST
 
 START_TEST(test_exact_with_node_joining)
 {
-    rg_etcd_server_t srv;
     char ep[600];
     char tr[320];
-    ck_assert_int_eq(rg_etcd_server_start(&srv, "--heartbeat-interval=10 --election-timeout=100"),
-                     0);
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", srv.endpoints);
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     snprintf(tr, sizeof(tr), "%s", trace);
     /* Slow steps (extra compute per sample) so that the second node arrives mid-run. */
     char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=join", "--nnodes=1:2", "--nproc-per-node=1",
                     "--rdzv-conf=last_call_timeout=0.5", RG_EXACT_BIN, "--trace", tr,
                     "--epochs", "3", "--work", "40000", NULL};
     pid_t a = spawn("a", argv);
-    /* Mid-run: once a checkpoint has been committed, the second node starts. */
-    uint64_t until = rg_now_ns() + 60000000000ull;
-    for (;;) {
-        DIR *d = opendir(ckpt);
-        bool any = false;
-        struct dirent *e;
-        while (d != NULL && (e = readdir(d)) != NULL) {
-            any = any || strncmp(e->d_name, "step-", 5) == 0;
-        }
-        if (d != NULL) {
-            closedir(d);
-        }
-        if (any) {
-            break;
-        }
-        ck_assert_msg(rg_now_ns() < until, "no checkpoint within 60 s");
-        rg_sleep_ms(5);
-    }
+    /* Mid-run: once a checkpoint has been committed (a step directory alone may still be
+     * being written), the second node starts. */
+    TEST_WAIT_UNTIL(committed_steps(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
     pid_t b = spawn("b", argv);
-    ck_assert_int_eq(wait_exit(a, 120000), 0);
-    ck_assert_int_eq(wait_exit(b, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(b, 120000), 0);
     ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
                   "the job did not finish exactly at world size 2");
     check_exactly_once(EPOCHS, SAMPLES);
-    rg_etcd_server_stop(&srv);
 }
 END_TEST
 
@@ -228,7 +208,7 @@ static void run_exact_on(const char *name, const char *endpoints, const char *co
     char *argv[] = {REGROUP_BIN, ep, id, "--nnodes=1", "--nproc-per-node=2", (char *)conf,
                     RG_EXACT_BIN, "--epochs", "2", NULL};
     pid_t pid = spawn(name, argv);
-    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
     ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
     setenv("REGROUP_CKPT_DIR", ckpt, 1);
 }
@@ -236,41 +216,23 @@ static void run_exact_on(const char *name, const char *endpoints, const char *co
 /* etcd over TLS that requires client certificates, then etcd with a user and password. */
 START_TEST(test_exact_secured_etcd)
 {
-    rg_etcd_server_t srv;
-    char certs[320];
-    char path[4][400];
-    char flags[500];
     char conf[1400];
-    snprintf(certs, sizeof(certs), "%s/certs", dir);
-    ck_assert_int_eq(mkdir(certs, 0700), 0);
-    ck_assert(test_make_certs(certs));
-    static const char *const files[] = {"srv.pem", "srv.key", "ca.pem", "cli.pem"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(path[i], sizeof(path[i]), "%s/%s", certs, files[i]);
-    }
-    snprintf(flags, sizeof(flags), "--client-cert-auth --trusted-ca-file %s", path[2]);
-    ck_assert_int_eq(rg_etcd_server_start_tls(&srv, path[0], path[1], flags), 0);
-    char key[400];
-    snprintf(key, sizeof(key), "%s/cli.key", certs);
-    rg_etcd_params_t p = {.endpoints = srv.endpoints, .ca_file = path[2],
-                          .cert_file = path[3], .key_file = key, .timeout_ms = 3000};
-    ck_assert_msg(test_etcd_put_when_ready(&p, "/ready") == RG_OK, "%s", rg_last_error());
-    snprintf(conf, sizeof(conf), "--rdzv-conf=cacert=%s,cert=%s,key=%s", path[2], path[3],
-             key);
-    run_exact_on("tls", srv.endpoints, conf);
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.tls = true, .client_certs = true});
+    snprintf(conf, sizeof(conf), "--rdzv-conf=cacert=%s,cert=%s,key=%s", etcd.ca,
+             etcd.cli_cert, etcd.cli_key);
+    run_exact_on("tls", etcd.srv.endpoints, conf);
     /* `regroup status` reads the job with the same --rdzv-conf */
     char ep[600];
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", srv.endpoints);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=tls", conf, NULL};
-    ck_assert_int_eq(wait_exit(spawn("status", status_argv), 30000), 0);
+    ck_assert_int_eq(test_wait_exit(spawn("status", status_argv), 30000), 0);
     ck_assert_msg(log_has("status", "job:     tls"), "regroup status did not read the job");
-    rg_etcd_server_stop(&srv);
+    test_etcd_down(&etcd);
 
-    ck_assert_int_eq(rg_etcd_server_start(&srv, NULL), 0);
-    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "user add root:rootpw"), 0);
-    ck_assert_int_eq(rg_etcd_server_etcdctl(&srv, "auth enable"), 0);
-    run_exact_on("auth", srv.endpoints, "--rdzv-conf=user=root,password=rootpw");
-    rg_etcd_server_stop(&srv);
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.auth = true});
+    run_exact_on("auth", etcd.srv.endpoints,
+                 "--rdzv-conf=user=root,password=" TEST_ETCD_PASSWORD);
+    test_etcd_down(&etcd);
 }
 END_TEST
 
@@ -280,7 +242,7 @@ START_TEST(test_trainer_fit)
     char *argv[] = {RG_EXACT_BIN, "--trainer", "2", "--ckpt-root", ckpt, "--kill-at", "22",
                     "--kill-rank", "1", NULL};
     pid_t pid = spawn("trainer", argv);
-    ck_assert_int_eq(wait_exit(pid, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
     ck_assert(log_has("trainer", "killing myself at step 22"));
     ck_assert(log_has("trainer", "exact=1"));
     ck_assert(log_has("trainer", "trainer: the job finished"));
@@ -294,7 +256,7 @@ START_TEST(test_mlp_loss_falls_at_world_2)
                     "--epochs", "1", "--log-every", "50", "--ckpt-every", "100", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     pid_t pid = spawn("mlp", argv);
-    ck_assert_int_eq(wait_exit(pid, 240000), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 240000), 0);
     char path[400];
     char line[256];
     double first = -1;
@@ -332,9 +294,5 @@ int main(void)
     tcase_add_test(tc, test_mlp_loss_falls_at_world_2);
     tcase_add_test(tc, test_trainer_fit);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("test_train", s, NULL);
 }

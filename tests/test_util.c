@@ -1,65 +1,300 @@
-/* Small helpers shared by the test suites. */
+/* What the test suites share (see test_util.h). */
 #include "test_util.h"
 
-#include "rg_common.h"
-
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- the runner ------------------------------------------------------------------------ */
+
+int test_main(const char *name, Suite *first, ...)
+{
+    char root[512];
+    const char *base = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+    va_list ap;
+
+    snprintf(root, sizeof(root), "%s/rg-%s-XXXXXX", base, name);
+    if (mkdtemp(root) == NULL) {
+        fprintf(stderr, "%s: cannot make %s: %s\n", name, root, strerror(errno));
+        return EXIT_FAILURE;
+    }
+    setenv("TMPDIR", root, 1);
+    SRunner *sr = srunner_create(first);
+    va_start(ap, first);
+    for (Suite *s = va_arg(ap, Suite *); s != NULL; s = va_arg(ap, Suite *)) {
+        srunner_add_suite(sr, s);
+    }
+    va_end(ap);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (getenv("REGROUP_KEEP_TEST_DIR") != NULL) {
+        fprintf(stderr, "%s: test files kept in %s\n", name, root);
+    } else if (!rg_rm_tree(root)) {
+        fprintf(stderr, "%s: could not remove all of %s\n", name, root);
+        failed++;
+    }
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+/* ---- temporary trees ------------------------------------------------------------------- */
+
+void test_tmpdir(char *out, size_t cap, const char *tag)
+{
+    const char *base = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+    int n = snprintf(out, cap, "%s/rg-%s-XXXXXX", base, tag);
+    ck_assert_msg(n > 0 && (size_t)n < cap, "temp dir name too long for %zu bytes", cap);
+    ck_assert_msg(mkdtemp(out) != NULL, "mkdtemp %s: %s", out, strerror(errno));
+}
+
+void test_rmtree(const char *path)
+{
+    if (path[0] != '\0') {
+        ck_assert_msg(rg_rm_tree(path), "could not remove all of %s", path);
+    }
+}
+
+/* ---- waiting on a condition ------------------------------------------------------------ */
 
 bool test_file_contains(const char *path, const char *text)
 {
-    static char buf[1 << 20];
     FILE *f = fopen(path, "r");
-    size_t n;
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
 
     if (f == NULL) {
         return false;
     }
-    n = fread(buf, 1, sizeof(buf) - 1, f);
-    buf[n] = '\0';
+    while (!found && getline(&line, &cap, f) >= 0) {
+        found = strstr(line, text) != NULL;
+    }
+    free(line);
     fclose(f);
-    return strstr(buf, text) != NULL;
+    return found;
+}
+
+void test_wait_file_contains(const char *path, const char *text, int timeout_ms)
+{
+    TEST_WAIT_UNTIL(test_file_contains(path, text), timeout_ms,
+                    "waited %d ms for a line with '%s' in %s", timeout_ms, text, path);
+}
+
+/* ---- processes ------------------------------------------------------------------------- */
+
+pid_t test_spawn(char *const argv[], const char *log_path)
+{
+    fflush(NULL);
+    pid_t pid = rg_proc_spawn(argv, log_path);
+    ck_assert_msg(pid > 0, "cannot start %s: %s", argv[0], strerror(errno));
+    return pid;
+}
+
+int test_wait_exit(pid_t pid, int timeout_ms)
+{
+    int rc = rg_proc_wait(pid, timeout_ms);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        ck_abort_msg("pid %d did not exit within %d ms", (int)pid, timeout_ms);
+    }
+    return rc;
+}
+
+int test_run(char *const argv[], const char *log_path, int timeout_ms)
+{
+    return test_wait_exit(test_spawn(argv, log_path), timeout_ms);
+}
+
+bool test_pid_gone(pid_t pid, int timeout_ms)
+{
+    rg_deadline_t until = rg_deadline_in_ms(timeout_ms);
+    char path[64];
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    for (;;) {
+        char state = 0;
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            return true;
+        }
+        /* A zombie whose parent is gone is as good as gone. */
+        bool zombie = fscanf(f, "%*d %*s %c", &state) == 1 && state == 'Z';
+        fclose(f);
+        if (zombie) {
+            return true;
+        }
+        if (rg_deadline_passed(until)) {
+            return false;
+        }
+        rg_sleep_ms(TEST_POLL_MS);
+    }
+}
+
+/* ---- an etcd for a test ---------------------------------------------------------------- */
+
+bool test_etcd_start(test_etcd_t *t, const test_etcd_opts_t *opts)
+{
+    static const test_etcd_opts_t plain = {.members = 1};
+    const test_etcd_opts_t *o = opts != NULL ? opts : &plain;
+    rg_etcd_server_params_t sp = {.members = o->members, .extra_flags = o->extra_flags};
+    char srv_cert[300];
+    char srv_key[300];
+    char flags[1024];
+
+    memset(t, 0, sizeof(*t));
+    if (o->tls || o->client_certs) {
+        const char *base = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+        snprintf(t->certs, sizeof(t->certs), "%s/rg-certs-XXXXXX", base);
+        if (mkdtemp(t->certs) == NULL) {
+            rg_error(RG_ESYS, "mkdtemp %s: %s", t->certs, strerror(errno));
+            t->certs[0] = '\0';
+            return false;
+        }
+        if (!test_make_certs(t->certs)) {
+            rg_error(RG_ESYS, "openssl failed (see %s/openssl.log)", t->certs);
+            return false;
+        }
+        snprintf(t->ca, sizeof(t->ca), "%s/ca.pem", t->certs);
+        snprintf(t->cli_cert, sizeof(t->cli_cert), "%s/cli.pem", t->certs);
+        snprintf(t->cli_key, sizeof(t->cli_key), "%s/cli.key", t->certs);
+        snprintf(srv_cert, sizeof(srv_cert), "%s/srv.pem", t->certs);
+        snprintf(srv_key, sizeof(srv_key), "%s/srv.key", t->certs);
+        sp.cert_file = srv_cert;
+        sp.key_file = srv_key;
+        if (o->client_certs) {
+            snprintf(flags, sizeof(flags), "%s --client-cert-auth --trusted-ca-file %s",
+                     o->extra_flags != NULL ? o->extra_flags : "", t->ca);
+            sp.extra_flags = flags;
+        }
+    }
+    if (o->auth) {
+        sp.root_password = TEST_ETCD_PASSWORD;
+    }
+    if (rg_etcd_server_start_with(&t->srv, &sp) != 0) {
+        return false;
+    }
+    t->params = (rg_etcd_params_t){.endpoints = t->srv.endpoints, .timeout_ms = 3000};
+    if (t->certs[0] != '\0') {
+        t->params.ca_file = t->ca;
+    }
+    if (o->client_certs) {
+        t->params.cert_file = t->cli_cert;
+        t->params.key_file = t->cli_key;
+    }
+    if (o->auth) {
+        t->params.user = "root";
+        t->params.password = TEST_ETCD_PASSWORD;
+    }
+    return true;
+}
+
+void test_etcd_up(test_etcd_t *t, const test_etcd_opts_t *opts)
+{
+    char why[512] = "";
+    bool ok = test_etcd_start(t, opts);
+    if (!ok) {
+        snprintf(why, sizeof(why), "%s", rg_last_error());
+        /* Whatever was made for it goes now: the test ends here, without its teardown. */
+        test_etcd_down(t);
+    }
+    ck_assert_msg(ok, "cannot start the test etcd: %s", why);
+}
+
+void test_etcd_down(test_etcd_t *t)
+{
+    rg_etcd_server_stop(&t->srv);
+    if (t->certs[0] != '\0') {
+        if (!rg_rm_tree(t->certs)) {
+            fprintf(stderr, "could not remove all of %s\n", t->certs);
+        }
+        t->certs[0] = '\0';
+    }
+}
+
+/* Runs one openssl command in dir, its output appended to dir/openssl.log. */
+static bool openssl(const char *dir, const char *const args[])
+{
+    char *argv[32];
+    char log[512];
+    int n = 0;
+    pid_t pid;
+
+    argv[n++] = "openssl";
+    for (int i = 0; args[i] != NULL && n < 31; i++) {
+        argv[n++] = (char *)args[i];
+    }
+    argv[n] = NULL;
+    snprintf(log, sizeof(log), "%s/openssl.log", dir);
+    fflush(NULL);
+    pid = fork();
+    if (pid == 0) {
+        /* As rg_proc_spawn, but in dir: openssl writes its files relative to it. */
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (fd < 0 || chdir(dir) != 0 || dup2(fd, STDOUT_FILENO) < 0 ||
+            dup2(fd, STDERR_FILENO) < 0) {
+            _exit(126);
+        }
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    if (pid < 0) {
+        return false;
+    }
+    int rc = rg_proc_wait(pid, 60000);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return rc == 0;
+}
+
+static bool write_file(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        return false;
+    }
+    bool ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
 }
 
 bool test_make_certs(const char *dir)
 {
-    char cmd[2048];
-    int n = snprintf(
-        cmd, sizeof(cmd),
-        "(cd '%s' && "
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=rg-test-ca "
-        "-keyout ca.key -out ca.pem && "
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout srv.key -out srv.csr && "
-        "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' "
-        "> srv.cnf && "
-        "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-        "-extfile srv.cnf -out srv.pem && "
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=rg-test-client -keyout cli.key "
-        "-out cli.csr && "
-        "printf 'extendedKeyUsage=clientAuth\\n' > cli.cnf && "
-        "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
-        "-extfile cli.cnf -out cli.pem && "
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
-        "-keyout other.key -out other.pem) >/dev/null 2>&1",
-        dir);
-    return n > 0 && (size_t)n < sizeof(cmd) && system(cmd) == 0;
-}
+    static const char *const ca[] = {"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                                     "2", "-subj", "/CN=rg-test-ca", "-keyout", "ca.key",
+                                     "-out", "ca.pem", NULL};
+    static const char *const srv_req[] = {"req", "-newkey", "rsa:2048", "-nodes", "-subj",
+                                          "/CN=127.0.0.1", "-keyout", "srv.key", "-out",
+                                          "srv.csr", NULL};
+    static const char *const srv_sign[] = {"x509", "-req", "-in", "srv.csr", "-CA", "ca.pem",
+                                           "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+                                           "-extfile", "srv.cnf", "-out", "srv.pem", NULL};
+    static const char *const cli_req[] = {"req", "-newkey", "rsa:2048", "-nodes", "-subj",
+                                          "/CN=rg-test-client", "-keyout", "cli.key", "-out",
+                                          "cli.csr", NULL};
+    static const char *const cli_sign[] = {"x509", "-req", "-in", "cli.csr", "-CA", "ca.pem",
+                                           "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+                                           "-extfile", "cli.cnf", "-out", "cli.pem", NULL};
+    static const char *const other[] = {"req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                                        "-days", "2", "-subj", "/CN=other-ca", "-keyout",
+                                        "other.key", "-out", "other.pem", NULL};
 
-rg_status_t test_etcd_put_when_ready(const rg_etcd_params_t *p, const char *key)
-{
-    rg_etcd_t *c;
-    rg_status_t st = rg_etcd_create(p, &c);
-    if (st != RG_OK) {
-        return st;
-    }
-    for (int i = 0; i < 100; i++) {
-        st = rg_etcd_put_str(c, key, "v", 0, 0, NULL);
-        if (st == RG_OK) {
-            break;
-        }
-        rg_sleep_ms(50);
-    }
-    rg_etcd_destroy(c);
-    return st;
+    return write_file(dir, "srv.cnf",
+                      "subjectAltName=IP:127.0.0.1\n"
+                      "extendedKeyUsage=serverAuth,clientAuth\n") &&
+           write_file(dir, "cli.cnf", "extendedKeyUsage=clientAuth\n") &&
+           openssl(dir, ca) && openssl(dir, srv_req) && openssl(dir, srv_sign) &&
+           openssl(dir, cli_req) && openssl(dir, cli_sign) && openssl(dir, other);
 }

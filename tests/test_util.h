@@ -1,21 +1,130 @@
-/* Small helpers shared by the test suites. */
+/*
+ * What the test suites share: the runner, temporary trees, waiting on conditions with a
+ * deadline, child processes, and one etcd fixture.
+ *
+ * Cleanup when a test fails: in fork mode (the default) a failed assertion _exits the test's
+ * child at once, without its checked teardown. So nothing a test leaves may outlive it on its
+ * own: every process it starts (etcd members included) gets PR_SET_PDEATHSIG(SIGKILL) and dies
+ * with the child, and every file it makes lies under the run's directory, which test_main()
+ * makes, points TMPDIR at, and removes after the last test whatever happened.
+ */
 #ifndef REGROUP_TEST_UTIL_H
 #define REGROUP_TEST_UTIL_H
 
+#include "etcd_server.h"
+#include "rg_common.h"
+
 #include <regroup/etcd.h>
 
+#include <check.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
 
-/* True if the file's first MiB contains text (false if it cannot be read). */
+/* ---- the runner ------------------------------------------------------------------------ */
+
+/* Runs the NULL-terminated suites with TMPDIR set to a fresh $TMPDIR/rg-<name>-XXXXXX, then
+ * removes that directory with all a test left in it (kept and named on stderr when
+ * REGROUP_KEEP_TEST_DIR is set). Returns main's exit status. */
+int test_main(const char *name, Suite *first, ...);
+
+/* ---- temporary trees ------------------------------------------------------------------- */
+
+/* Makes a fresh directory $TMPDIR/rg-<tag>-XXXXXX into out; fails the test if it cannot. */
+void test_tmpdir(char *out, size_t cap, const char *tag);
+/* Removes a tree (rg_rm_tree: nftw, no shell); fails the test if something is left. "" is a
+ * no-op, so a teardown may run before its setup made the directory. */
+void test_rmtree(const char *path);
+
+/* ---- waiting on a condition ------------------------------------------------------------ */
+
+#define TEST_POLL_MS 5
+
+/* Polls the expression every TEST_POLL_MS until it holds; fails the test with the message
+ * (printf-style) if it still does not after timeout_ms. */
+#define TEST_WAIT_UNTIL(cond, timeout_ms, ...) \
+    do { \
+        rg_deadline_t test_until_ = rg_deadline_in_ms(timeout_ms); \
+        while (!(cond)) { \
+            ck_assert_msg(!rg_deadline_passed(test_until_), __VA_ARGS__); \
+            rg_sleep_ms(TEST_POLL_MS); \
+        } \
+    } while (0)
+
+#define TEST_HOLD_POLL_MS 100
+
+/* Checks the expression every TEST_HOLD_POLL_MS for duration_ms, failing the test with the
+ * message as soon as it does not hold: for what must stay true over a span of time (a kept
+ * lease outliving its TTL), which nothing but waiting the span out can show. */
+#define TEST_HOLD_FOR(cond, duration_ms, ...) \
+    do { \
+        rg_deadline_t test_until_ = rg_deadline_in_ms(duration_ms); \
+        do { \
+            ck_assert_msg((cond), __VA_ARGS__); \
+            rg_sleep_ms(RG_MIN(TEST_HOLD_POLL_MS, rg_deadline_left_ms(test_until_))); \
+        } while (!rg_deadline_passed(test_until_)); \
+        ck_assert_msg((cond), __VA_ARGS__); \
+    } while (0)
+
+/* True if a line of the file contains text (false if it cannot be read). */
 bool test_file_contains(const char *path, const char *text);
+/* Waits until a line of the file contains text; fails the test after timeout_ms. */
+void test_wait_file_contains(const char *path, const char *text, int timeout_ms);
 
-/* Makes, with the openssl command, in dir: a test CA (ca.pem, ca.key), a certificate it signed
- * for a server on 127.0.0.1 (srv.pem, srv.key), one it signed for a client (cli.pem, cli.key)
- * and an unrelated CA (other.pem). False if openssl failed. */
+/* ---- processes ------------------------------------------------------------------------- */
+
+/* Starts argv (rg_proc_spawn: dies with this process) with stdout and stderr appended to
+ * log_path; fails the test if it cannot. */
+pid_t test_spawn(char *const argv[], const char *log_path);
+/* Waits for a child of ours to exit and reaps it: its exit status, or 128 + the signal that
+ * ended it. Past timeout_ms it is SIGKILLed and reaped, and the test fails. */
+int test_wait_exit(pid_t pid, int timeout_ms);
+/* test_spawn + test_wait_exit. */
+int test_run(char *const argv[], const char *log_path, int timeout_ms);
+/* True once pid (any process, not only a child) is gone or a zombie, within timeout_ms. */
+bool test_pid_gone(pid_t pid, int timeout_ms);
+
+/* ---- an etcd for a test ---------------------------------------------------------------- */
+
+/* Raft timing for one member: leases can expire in about a second. */
+#define TEST_ETCD_FAST "--heartbeat-interval=10 --election-timeout=100"
+/* For clusters: an election takes about half a second. */
+#define TEST_ETCD_CLUSTER "--heartbeat-interval=50 --election-timeout=500"
+/* The root password of an etcd started with .auth. */
+#define TEST_ETCD_PASSWORD "rootpw"
+
+typedef struct {
+    int         members;      /* 0 means 1 */
+    const char *extra_flags;  /* TEST_ETCD_FAST, TEST_ETCD_CLUSTER, NULL... */
+    bool        tls;          /* clients over TLS, with certificates made for the test */
+    bool        client_certs; /* tls, and clients must show a certificate signed by the CA */
+    bool        auth;         /* user root (TEST_ETCD_PASSWORD), auth enabled */
+} test_etcd_opts_t;
+
+typedef struct {
+    rg_etcd_server_t srv;
+    char             certs[256];  /* tls: test_make_certs' directory, else "" */
+    char             ca[300];     /* tls: certs/ca.pem, the CA that signed the server's */
+    char             cli_cert[300]; /* tls: a client certificate and key the CA signed */
+    char             cli_key[300];
+    /* How a client reaches it (points into this struct: do not copy it): endpoints, timeout
+     * 3 s, and the CA, client certificate (client_certs) or root's password (auth). */
+    rg_etcd_params_t params;
+} test_etcd_t;
+
+/* Starts the etcd that opts describes (NULL: one plain member) and waits until it is healthy
+ * (rg_etcd_server_start_with). False, with the reason in rg_last_error(), if it cannot. */
+bool test_etcd_start(test_etcd_t *t, const test_etcd_opts_t *opts);
+/* test_etcd_start, failing the test if it cannot. */
+void test_etcd_up(test_etcd_t *t, const test_etcd_opts_t *opts);
+/* Stops it by pid and removes its data dir and certificates. Safe twice and on a zeroed
+ * struct. */
+void test_etcd_down(test_etcd_t *t);
+
+/* Makes, with the openssl command (no shell), in dir: a test CA (ca.pem, ca.key), a
+ * certificate it signed for a server on 127.0.0.1 (srv.pem, srv.key), one it signed for a
+ * client (cli.pem, cli.key) and an unrelated CA (other.pem). False if openssl failed (its
+ * output is in dir/openssl.log). */
 bool test_make_certs(const char *dir);
-
-/* Puts key=v through a client made from p, retrying for up to 5 s: a TLS member's port opens
- * before it has elected itself. RG_OK, or the last error. */
-rg_status_t test_etcd_put_when_ready(const rg_etcd_params_t *p, const char *key);
 
 #endif
