@@ -8,6 +8,7 @@
 #include <regroup/ckpt.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -177,17 +178,32 @@ static int pick_agent(chaos_t *c)
     return n ? live[next_rand(c) % (uint64_t)n] : -1;
 }
 
+/* Writes zeros to path until the file system is full or max_mib are written. */
+static void fill_file(const char *path, int max_mib)
+{
+    static const char zeros[1 << 16];
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        chaos_say("disk-full: cannot create %s: %s", path, strerror(errno));
+        return;
+    }
+    for (int64_t left = (int64_t)max_mib << 20; left > 0;) {
+        ssize_t n = write(fd, zeros, sizeof(zeros));
+        if (n <= 0) {
+            break; /* ENOSPC is what this fault is for */
+        }
+        left -= n;
+    }
+    close(fd);
+}
+
 /* Fills the checkpoint file system, waits until a worker fails on it, then frees it. */
 static void disk_full(chaos_t *c, chaos_fault_rec_t *r)
 {
     char filler[400];
-    char cmd[600];
     int64_t before = chaos_job_failure_count(c);
     snprintf(filler, sizeof(filler), "%s/filler", c->run.ckpt_dir);
-    snprintf(cmd, sizeof(cmd), "dd if=/dev/zero of=%s bs=1M count=4096 2>/dev/null", filler);
-    if (system(cmd) == -1) {
-        chaos_say("disk-full: cannot run dd");
-    }
+    fill_file(filler, 4096);
     snprintf(r->target, sizeof(r->target), "checkpoint tmpfs");
     uint64_t until = rg_now_ns() + 30000000000ull;
     while (chaos_job_failure_count(c) <= before && rg_now_ns() < until) {

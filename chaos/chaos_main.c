@@ -80,9 +80,7 @@ static void run_teardown(chaos_t *c)
     }
     chaos_net_cleanup(c);
     if (getenv("RG_CHAOS_KEEP") == NULL) {
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", c->run.dir);
-        if (system(cmd) != 0) {
+        if (!rg_rm_tree(c->run.dir)) {
             chaos_say("cannot remove %s", c->run.dir);
         }
     } else {
