@@ -296,7 +296,7 @@ START_TEST(test_watch_order_and_prev)
     expect_event(w, RG_ETCD_EVENT_DELETE, "/w/b", NULL);
     /* Nothing more: a short wait times out. */
     ck_assert_int_eq(rg_etcd_watch_next(w, rg_deadline_in_ms(100), &ev, NULL), RG_ETIMEDOUT);
-    ck_assert_int_eq(rg_etcd_watch_next(w, 0, &ev, NULL), RG_ETIMEDOUT);
+    ck_assert_int_eq(rg_etcd_watch_next(w, RG_DEADLINE_POLL, &ev, NULL), RG_ETIMEDOUT);
     rg_etcd_watch_destroy(w);
 }
 END_TEST

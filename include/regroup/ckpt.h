@@ -26,6 +26,7 @@
 #ifndef REGROUP_CKPT_H
 #define REGROUP_CKPT_H
 
+#include <regroup/deadline.h>
 #include <regroup/dtype.h>
 #include <regroup/status.h>
 
@@ -61,8 +62,8 @@ typedef struct {
     unsigned    keep_last;     /* retention: keep the newest K committed steps; 0 = all */
     uint64_t    keep_every;    /* retention: also keep steps that are multiples of M; 0 = no */
     int64_t     commit_timeout_ms; /* rank 0's wait for all shard records; 0 = 120000 */
-    int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight;
-                                      0 = 600000 */
+    int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight,
+                                      and rg_ckpt_save_wait's default; 0 = 600000 */
     uint64_t    attempt;       /* tag of this run of the job, the same on every rank (the
                                   worker API uses the round + 1): a commit counts only shard
                                   records with this tag, never a leftover of an earlier
@@ -116,12 +117,12 @@ rg_status_t rg_ckpt_save(rg_ckpt_t *ckpt, int64_t step, const rg_ckpt_tensor_t *
 /* RG_INPROGRESS while the save runs, then its final status. Does not block. */
 rg_status_t rg_ckpt_save_status(rg_ckpt_save_t *save);
 
-/* Waits until the save is done or the deadline (absolute monotonic ns as from
- * rg_deadline_in_ms(); 0 = no deadline, for callers that bound the wait themselves) passes.
+/* Waits until the save is done or the deadline passes (see <regroup/deadline.h>; default:
+ * the checkpointer's busy_timeout_ms; RG_DEADLINE_POLL only looks, as rg_ckpt_save_status).
  * Returns the save's status (RG_OK: durable, and for rank 0 committed), RG_ETIMEDOUT if still
  * running, or the error that ended it (RG_ENOSPC, RG_EPERM, RG_EIO, RG_ETIMEDOUT from the
  * commit wait...); the message is in rg_last_error() of the calling thread. */
-rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *save, uint64_t deadline) RG_CKPT_NODISCARD;
+rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *save, rg_deadline_t deadline) RG_CKPT_NODISCARD;
 
 /* The error message of a failed save (owned by the handle), "" otherwise. */
 const char *rg_ckpt_save_error(rg_ckpt_save_t *save);

@@ -10,12 +10,17 @@
  * rg_comm_req_test() advances and rg_comm_req_wait() completes. Collectives must be called
  * (posted) in the same order on every rank.
  *
- * Failure: every operation has a deadline (the group's default, or opts->deadline). A peer that
- * dies makes the operation fail with RG_EPEER on the surviving ranks; a peer that stops
- * answering makes it fail with RG_ETIMEDOUT when the deadline passes. rg_last_error() names the
- * peer rank. After any failure of an operation the group is unusable: rg_comm_is_healthy()
- * turns false, every later call fails with RG_EPEER, and the group must be destroyed (this
- * destroys its UCX worker too) and rebuilt in a new round. Buffers of a failed operation may
+ * Failure: every operation has a deadline (opts->deadline, see <regroup/deadline.h>; default:
+ * the group's timeout_ms from when it is called or posted; a deadline already passed lets it
+ * complete only if it needs nothing more from its peers). A peer that dies makes the operation
+ * fail with RG_EPEER on the surviving ranks; a peer that stops answering makes it fail with
+ * RG_ETIMEDOUT when the deadline passes. rg_last_error() names the peer rank. After such a
+ * failure (a collective that fails for any reason, a send or recv that fails because of its
+ * peer or its deadline, a request freed before it completed) the group is unusable:
+ * rg_comm_is_healthy() turns false, every later call fails with RG_EPEER, and the group must
+ * be destroyed (this destroys its UCX worker too) and rebuilt in a new round. Errors a call
+ * returns at once (RG_EINVAL, RG_ENOTSUP) and a recv whose message has another size than
+ * asked (RG_EPROTO) leave the group as it was. Buffers of a failed operation may
  * still be written by UCX (a message already being received cannot be stopped) until
  * rg_comm_destroy returns: free or reuse them only after that.
  *
@@ -45,6 +50,7 @@
 #ifndef REGROUP_COMM_H
 #define REGROUP_COMM_H
 
+#include <regroup/deadline.h>
 #include <regroup/dtype.h>
 #include <regroup/etcd.h>
 #include <regroup/status.h>
@@ -89,7 +95,7 @@ typedef struct {
     const rg_etcd_params_t *etcd_params; /* when etcd is NULL: the group's own client, with
                                             TLS files and user (rg_comm_env_read sets it) */
     const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
-    int64_t     timeout_ms;      /* default deadline of each operation; 0 = 30000 */
+    int64_t     timeout_ms;      /* each operation's default timeout; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
 } rg_comm_params_t;
 
@@ -141,9 +147,9 @@ bool rg_comm_is_healthy(const rg_comm_t *comm);
 /* The rank that failed first, or -1 (unknown or none). */
 int  rg_comm_failed_rank(const rg_comm_t *comm);
 
-/* Per-call options; NULL means the defaults (group deadline, host memory). */
+/* Per-call options; NULL (or zeroed) means the defaults (the group's timeout, host memory). */
 typedef struct {
-    uint64_t      deadline;      /* absolute CLOCK_MONOTONIC ns; 0 = now + group timeout */
+    rg_deadline_t deadline;      /* RG_DEADLINE_DEFAULT: timeout_ms from the call or post */
     rg_mem_type_t mem_type;      /* of every buffer of the call */
 } rg_comm_opts_t;
 
