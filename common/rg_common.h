@@ -28,8 +28,8 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Records status and message for rg_last_error(); returns status. */
-rg_status_t rg_error(rg_status_t status, const char *fmt, ...) RG_PRINTF(2, 3);
+/* rg_error() (records status and message for rg_last_error(); returns status) is public:
+ * see <regroup/status.h>. */
 /* Prepends "prefix: " to the current message, keeping the status; returns status. */
 rg_status_t rg_error_wrap(rg_status_t status, const char *fmt, ...) RG_PRINTF(2, 3);
 void rg_error_clear(void);
