@@ -181,9 +181,9 @@ rg_status_t rg_loader_create(const rg_dataset_t *ds, const rg_sampler_params_t *
  * RG_DEADLINE_POLL takes a batch only if one is ready), for the next batch and sets *batch_p.
  * The batch stays valid until the next call of rg_loader_next() or rg_loader_destroy();
  * calling rg_loader_next() hands the previous batch's memory back to the loader. The stream
- * does not end: epochs follow one another. Returns RG_ETIMEDOUT (the batch is not lost: the next call
- * returns it), or the error that stopped the background thread.
- * Call it from one thread at a time (the loader's owner).
+ * does not end: epochs follow one another. Returns RG_ETIMEDOUT (the batch is not lost: the
+ * next call returns it), or the error that stopped the background thread. Call it from one
+ * thread at a time (the loader's owner).
  */
 rg_status_t rg_loader_next(rg_loader_t *loader, rg_deadline_t deadline,
                            const rg_batch_t **batch_p) RG_DATA_NODISCARD;

@@ -62,7 +62,8 @@ rg_status_t rg_etcd_create(const rg_etcd_params_t *params, rg_etcd_t **client_p)
     RG_ETCD_NODISCARD;
 /* Closes the connection and frees the client. Accepts NULL. */
 void rg_etcd_destroy(rg_etcd_t *client);
-/* The endpoint the last successful call used (owned by the client). */
+/* The endpoint the last successful call used (owned by the client, valid until destroy).
+ * Never blocks. */
 const char *rg_etcd_endpoint(const rg_etcd_t *client);
 
 /* ---- key-value ------------------------------------------------------------------------- */
@@ -123,9 +124,11 @@ typedef struct {
     rg_etcd_kv_t  prev;      /* when has_prev */
 } rg_etcd_put_t;
 
+/* Frees what a put result owns (not the struct). Accepts NULL. */
 void rg_etcd_put_cleanup(rg_etcd_put_t *res);
 
-/* Writes a key. res may be NULL. */
+/* Writes a key. res may be NULL; else on success it is filled (free with
+ * rg_etcd_put_cleanup). */
 rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
                         rg_deadline_t deadline, rg_etcd_put_t *res) RG_ETCD_NODISCARD;
 /* Writes a NUL-terminated string value with an optional lease. Returns the revision. */
@@ -147,9 +150,11 @@ typedef struct {
     size_t        n_prev;
 } rg_etcd_delete_t;
 
+/* Frees what a delete result owns (not the struct). Accepts NULL. */
 void rg_etcd_delete_cleanup(rg_etcd_delete_t *res);
 
-/* Deletes a key or range. res may be NULL. */
+/* Deletes a key or range. res may be NULL; else on success it is filled (free with
+ * rg_etcd_delete_cleanup). */
 rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
                            rg_deadline_t deadline, rg_etcd_delete_t *res)
     RG_ETCD_NODISCARD;
@@ -212,10 +217,12 @@ typedef struct {
     size_t               n_results;
 } rg_etcd_txn_t;
 
+/* Frees what a transaction result owns (not the struct). Accepts NULL. */
 void rg_etcd_txn_cleanup(rg_etcd_txn_t *res);
 
 /* Runs a transaction. A failed compare is not an error: res->succeeded tells. At most 128
- * ops per branch (etcd's limit). */
+ * compares and 128 ops per branch (etcd's limit). res is required; on success it is filled
+ * (free with rg_etcd_txn_cleanup). */
 rg_status_t rg_etcd_txn(rg_etcd_t *client, const rg_etcd_cmp_t *cmps, size_t n_cmps,
                         const rg_etcd_op_t *success, size_t n_success,
                         const rg_etcd_op_t *failure, size_t n_failure,
@@ -245,8 +252,11 @@ rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_deadline_t de
  */
 typedef struct rg_etcd_keeper rg_etcd_keeper_t;
 
+/* Starts the keeper thread with its own client made from params; does not block (the first
+ * renewal is the thread's). Free with rg_etcd_keeper_stop. */
 rg_status_t rg_etcd_keeper_start(const rg_etcd_params_t *params, int64_t lease, int64_t ttl_s,
                                  rg_etcd_keeper_t **keeper_p) RG_ETCD_NODISCARD;
+/* Never block; safe from any thread. */
 bool rg_etcd_keeper_lost(rg_etcd_keeper_t *keeper);
 int  rg_etcd_keeper_fd(rg_etcd_keeper_t *keeper);   /* readable once the lease is lost */
 /* Stops the thread (within ~the client timeout). Does not revoke. Accepts NULL. */
@@ -298,15 +308,17 @@ rg_status_t rg_etcd_watch_create(const rg_etcd_params_t *params, const rg_etcd_w
 rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *watch, rg_deadline_t deadline,
                                rg_etcd_event_t *ev, int64_t *compact_revision_p)
     RG_ETCD_NODISCARD;
-/* A file descriptor that is readable while events (or a final error) are queued. */
+/* A file descriptor that is readable while events (or a final error) are queued (owned by
+ * the watch; never block). */
 int  rg_etcd_watch_fd(rg_etcd_watch_t *watch);
-/* The revision up to which events have been taken by rg_etcd_watch_next. */
+/* The revision up to which events have been taken by rg_etcd_watch_next. Never blocks. */
 int64_t rg_etcd_watch_revision(rg_etcd_watch_t *watch);
+/* Frees what an event owns (not the struct). Accepts NULL. */
 void rg_etcd_event_cleanup(rg_etcd_event_t *ev);
 /* Closes the stream, stops the thread and frees the watch. Accepts NULL. */
 void rg_etcd_watch_destroy(rg_etcd_watch_t *watch);
 
-/* Frees what a kv owns. */
+/* Frees what a kv owns (not the struct). Accepts NULL. */
 void rg_etcd_kv_cleanup(rg_etcd_kv_t *kv);
 
 #ifdef __cplusplus
