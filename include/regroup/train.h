@@ -108,7 +108,8 @@ typedef struct {
  *
  * With state (and a checkpoint root), also starts an asynchronous checkpoint of the state at
  * report->step: if the previous checkpoint is still being written it first waits for it
- * (rank 0: until it is committed), then copies the tensors into the staging buffer and
+ * (rank 0: until it is committed; at most the checkpointer's default busy_timeout_ms, 10 min,
+ * then RG_ETIMEDOUT), then copies the tensors into the staging buffer and
  * returns; compression, writes, fsync and the commit happen in the background. The caller
  * may change or free the tensors as soon as it returns. Rank 0 saves its state->cursor with
  * the checkpoint. A step an earlier attempt of the job already committed is not saved again
