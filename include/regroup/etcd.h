@@ -8,9 +8,9 @@
  * own connections and threads.
  *
  * Deadlines: every call blocks until it has its answer or its rg_deadline_t passes (see
- * <regroup/deadline.h>); RG_DEADLINE_DEFAULT means the client's timeout_ms from now, and a
- * deadline already passed fails with RG_ETIMEDOUT without sending a request. A call that runs
- * out of time returns RG_ETIMEDOUT.
+ * <regroup/deadline.h>); RG_DEADLINE_DEFAULT means the client's timeout_ms from now. A call
+ * that runs out of time returns RG_ETIMEDOUT; a call on a client given a deadline already
+ * passed returns it without sending a request.
  *
  * Errors: a status plus rg_last_error(), which names the endpoint and what failed:
  *   RG_EUNREACH   no endpoint could be connected to
