@@ -19,7 +19,9 @@
  *
  * There is no "wait forever": every wait in regroup ends by a deadline, so that a dead peer,
  * a hung server or a full disk turns into an error and never into a hang. To wait longer,
- * pass a later deadline.
+ * pass a later deadline. (What no deadline can bound is a system call that the kernel does
+ * not return from, such as a write to a hung file system: a call that must see its own
+ * threads end, like rg_ckpt_destroy, says so.)
  */
 #ifndef REGROUP_DEADLINE_H
 #define REGROUP_DEADLINE_H
