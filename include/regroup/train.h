@@ -62,8 +62,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
  * Waits for the checkpoint in flight (if any), then frees everything, the group included.
  * Not collective: each rank finalizes on its own (it tells its peers that it leaves, waiting
  * a fraction of a second for that). The wait for the checkpoint is the one rg_report does
- * (rank 0's includes the commit, bounded by REGROUP_CKPT_COMMIT_TIMEOUT_MS); a failure it
- * finds is logged, as there is no status to return it in. If a peer has failed (the group is
+ * (rank 0's includes the commit, bounded by REGROUP_CKPT_COMMIT_TIMEOUT_MS; a file system
+ * that hangs hangs this too, as in rg_ckpt_destroy); a failure it finds is logged, as there
+ * is no status to return it in. If a peer has failed (the group is
  * unhealthy), it waits at most 1 s and then abandons the checkpoint in flight, leaving the
  * context's memory and the checkpoint's threads to the process's exit (a checkpoint not
  * committed by then never becomes visible), so that the process can exit and the job
