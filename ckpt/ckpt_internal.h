@@ -22,6 +22,7 @@ struct rg_ckpt_save {
     rg_status_t     status;        /* (mu) RG_INPROGRESS until done */
     char            err[1024];     /* (mu) */
     int64_t         step;
+    int64_t         wait_ms;       /* rg_ckpt_save_wait's default: the busy_timeout_ms */
 };
 
 typedef struct {

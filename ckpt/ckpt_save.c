@@ -22,7 +22,7 @@ static void *coord_main(void *arg);
 
 /* ---- the handle ------------------------------------------------------------------------ */
 
-static rg_ckpt_save_t *save_handle_new(int64_t step)
+static rg_ckpt_save_t *save_handle_new(int64_t step, int64_t wait_ms)
 {
     rg_ckpt_save_t *s = calloc(1, sizeof(*s));
     pthread_condattr_t ca;
@@ -38,6 +38,7 @@ static rg_ckpt_save_t *save_handle_new(int64_t step)
     s->refs = 2;   /* the caller's and the coordinator's */
     s->status = RG_INPROGRESS;
     s->step = step;
+    s->wait_ms = wait_ms;
     return s;
 }
 
@@ -74,18 +75,20 @@ const char *rg_ckpt_save_error(rg_ckpt_save_t *s)
     return rg_ckpt_save_status(s) == RG_INPROGRESS ? "" : s->err;
 }
 
-rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *s, uint64_t deadline)
+rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *s, rg_deadline_t deadline)
 {
     rg_status_t st;
+
+    if (deadline == RG_DEADLINE_DEFAULT) {
+        deadline = rg_deadline_in_ms(s->wait_ms);
+    }
     struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
                           .tv_nsec = (long)(deadline % 1000000000ull)};
 
     pthread_mutex_lock(&s->mu);
     while (s->status == RG_INPROGRESS) {
-        if (deadline == 0) {
-            pthread_cond_wait(&s->cv, &s->mu);
-        } else if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT &&
-                   s->status == RG_INPROGRESS) {
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT &&
+            s->status == RG_INPROGRESS) {
             pthread_mutex_unlock(&s->mu);
             return rg_error(RG_ETIMEDOUT, "checkpoint step %" PRId64 " still saving", s->step);
         }
@@ -394,7 +397,7 @@ rg_status_t rg_ckpt_save(rg_ckpt_t *ck, int64_t step, const rg_ckpt_tensor_t *te
         ck->staging_cap = total;
     }
     chunks = calloc(n_chunks ? n_chunks : 1, sizeof(*chunks));
-    handle = save_handle_new(step);
+    handle = save_handle_new(step, ck->busy_timeout_ms);
     if (chunks == NULL || handle == NULL) {
         st = rg_error(RG_ENOMEM, "no memory to start a save");
         goto err_free;

@@ -6,12 +6,13 @@
  *   where the failure is found; rg_last_error() reads it.
  * - logging: level-checked before formatting, prefixed "[host:pid rank round]".
  *   REGROUP_LOG_LEVEL=error|warn|info|debug|trace (default warn) picks the level.
- * - time: monotonic nanoseconds and absolute deadlines.
+ * - time: wall-clock seconds and sleeping (deadlines are public: <regroup/deadline.h>).
  * - rg_dbuf: a growable byte buffer with a hard maximum (filled from outside).
  */
 #ifndef REGROUP_COMMON_H
 #define REGROUP_COMMON_H
 
+#include <regroup/deadline.h>
 #include <regroup/status.h>
 
 #include <stdarg.h>
@@ -27,8 +28,8 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Records status and message for rg_last_error(); returns status. */
-rg_status_t rg_error(rg_status_t status, const char *fmt, ...) RG_PRINTF(2, 3);
+/* rg_error() (records status and message for rg_last_error(); returns status) is public:
+ * see <regroup/status.h>. */
 /* Prepends "prefix: " to the current message, keeping the status; returns status. */
 rg_status_t rg_error_wrap(rg_status_t status, const char *fmt, ...) RG_PRINTF(2, 3);
 void rg_error_clear(void);
@@ -64,18 +65,10 @@ void rg_log_write(rg_log_level_t level, const char *file, int line, const char *
 
 /* ---- time ------------------------------------------------------------------------------ */
 
-typedef uint64_t rg_deadline_t; /* absolute CLOCK_MONOTONIC ns; 0 = "use the default" */
-
-uint64_t rg_now_ns(void);
+/* rg_deadline_t, rg_now_ns(), rg_deadline_in_ms(), rg_deadline_left_ms() and
+ * rg_deadline_passed() are public: see <regroup/deadline.h>. */
 double   rg_wall_s(void);                       /* CLOCK_REALTIME seconds, for reports */
-static inline rg_deadline_t rg_deadline_in_ms(int64_t ms)
-{
-    return rg_now_ns() + (uint64_t)(ms < 0 ? 0 : ms) * 1000000ull;
-}
-/* Milliseconds left before the deadline, 0 if passed. */
-int64_t rg_deadline_left_ms(rg_deadline_t deadline);
-bool    rg_deadline_passed(rg_deadline_t deadline);
-/* Sleeps up to ms, never past the deadline. */
+/* Sleeps ms milliseconds (resumed after a signal); ms <= 0 returns at once. */
 void    rg_sleep_ms(int64_t ms);
 
 /* ---- bounded buffer -------------------------------------------------------------------- */

@@ -23,7 +23,7 @@
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
  * is then that of the epochs completed.
  */
-#include "rg_common.h"
+#include "example_parse.h"
 
 #include <regroup/train.h>
 
@@ -147,7 +147,7 @@ static int parse(int argc, char **argv, options_t *o)
         } else {
             return usage(a);
         }
-        if (!rg_parse_i64(v, dst) || *dst < lo || *dst > hi) {
+        if (!example_parse_i64(v, dst) || *dst < lo || *dst > hi) {
             return usage(a);
         }
     }

@@ -1,7 +1,7 @@
 /* Adam with bias correction folded into the step size (the paper's "efficient" form). */
 #include "fmnist_adam.h"
 
-#include "rg_common.h"
+#include <regroup/status.h>
 
 #include <math.h>
 #include <stdlib.h>

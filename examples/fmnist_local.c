@@ -18,8 +18,7 @@
 #include "fmnist_opts.h"
 
 #include <regroup/data.h>
-
-#include "rg_common.h"
+#include <regroup/deadline.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +47,6 @@ int main(int argc, char **argv)
     if (rc != 0) {
         return rc;
     }
-    rg_log_init();
     st = fmnist_open_split(o.data_dir, "train", &train);
     if (st == RG_OK) {
         st = fmnist_open_split(o.data_dir, "t10k", &test);

@@ -8,7 +8,7 @@
  */
 #include "fmnist_mlp.h"
 
-#include "rg_common.h"
+#include <regroup/status.h>
 
 #include <cblas.h>
 #include <math.h>
@@ -308,7 +308,7 @@ rg_status_t fmnist_mlp_evaluate_dataset(fmnist_mlp_t *model, const rg_dataset_t 
                         model->cfg.inputs);
     }
     for (size_t start = 0; start < n; start += model->cfg.max_batch) {
-        size_t cnt = RG_MIN((size_t)model->cfg.max_batch, n - start);
+        size_t cnt = n - start < model->cfg.max_batch ? n - start : model->cfg.max_batch;
         for (size_t k = 0; k < cnt * rs; k++) {
             model->x[k] = (float)rec[start * rs + k] * (1.0f / 255.0f);
         }

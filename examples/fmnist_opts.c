@@ -1,7 +1,7 @@
 /* Command-line options shared by the Fashion-MNIST trainers. */
 #include "fmnist_opts.h"
 
-#include "rg_common.h"
+#include "example_parse.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,13 +31,13 @@ int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options
         }
         bool ok = true;
         if (strcmp(a, "--epochs") == 0) {
-            ok = rg_parse_i64(v, &o->epochs) && o->epochs >= 1 && o->epochs <= 1000;
+            ok = example_parse_i64(v, &o->epochs) && o->epochs >= 1 && o->epochs <= 1000;
         } else if (strcmp(a, "--batch") == 0) {
-            ok = rg_parse_i64(v, &o->batch) && o->batch >= 1 && o->batch <= 65536;
+            ok = example_parse_i64(v, &o->batch) && o->batch >= 1 && o->batch <= 65536;
         } else if (strcmp(a, "--seed") == 0) {
-            ok = rg_parse_i64(v, &o->seed) && o->seed >= 0;
+            ok = example_parse_i64(v, &o->seed) && o->seed >= 0;
         } else if (strcmp(a, "--log-every") == 0) {
-            ok = rg_parse_i64(v, &o->log_every) && o->log_every >= 1;
+            ok = example_parse_i64(v, &o->log_every) && o->log_every >= 1;
         } else if (strcmp(a, "--lr") == 0) {
             char *end = NULL;
             o->lr = strtod(v, &end);
@@ -48,13 +48,13 @@ int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options
         } else if (strcmp(a, "--data") == 0) {
             o->data_dir = v;
         } else if (distributed && strcmp(a, "--ckpt-every") == 0) {
-            ok = rg_parse_i64(v, &o->ckpt_every) && o->ckpt_every >= 1;
+            ok = example_parse_i64(v, &o->ckpt_every) && o->ckpt_every >= 1;
         } else if (distributed && strcmp(a, "--kill-at") == 0) {
-            ok = rg_parse_i64(v, &o->kill_at) && o->kill_at >= 0;
+            ok = example_parse_i64(v, &o->kill_at) && o->kill_at >= 0;
         } else if (distributed && strcmp(a, "--stop-file") == 0) {
             o->stop_file = v;
         } else if (distributed && strcmp(a, "--kill-rank") == 0) {
-            ok = rg_parse_i64(v, &o->kill_rank) && o->kill_rank >= 0;
+            ok = example_parse_i64(v, &o->kill_rank) && o->kill_rank >= 0;
         } else {
             return usage(argv[0], distributed, "unknown option");
         }

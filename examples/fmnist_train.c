@@ -19,8 +19,7 @@
 #include "fmnist_mlp.h"
 #include "fmnist_opts.h"
 
-#include "rg_common.h"
-
+#include <regroup/deadline.h>
 #include <regroup/train.h>
 
 #include <signal.h>

@@ -223,7 +223,7 @@ static rg_status_t parse_op_body(const json_t *r, rg_etcd_op_type_t type,
                                  rg_etcd_op_result_t *out);
 static void op_result_cleanup(rg_etcd_op_result_t *r);
 
-static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_etcd_deadline_t deadline,
+static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_deadline_t deadline,
                            rg_etcd_op_result_t *out)
 {
     static const char *const paths[] = {"/v3/kv/range", "/v3/kv/put", "/v3/kv/deleterange"};
@@ -249,7 +249,7 @@ static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_etcd_de
 }
 
 rg_status_t rg_etcd_range(rg_etcd_t *client, const rg_etcd_range_req_t *req,
-                          rg_etcd_deadline_t deadline, rg_etcd_range_t *res)
+                          rg_deadline_t deadline, rg_etcd_range_t *res)
 {
     rg_etcd_op_result_t out;
     rg_status_t st;
@@ -278,7 +278,7 @@ void rg_etcd_range_cleanup(rg_etcd_range_t *res)
     res->n_kvs = 0;
 }
 
-rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_deadline_t deadline,
                         char **value_p, size_t *len_p, int64_t *mod_revision_p)
 {
     rg_etcd_range_req_t req = {.key = key};
@@ -307,7 +307,7 @@ rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_etcd_deadline_t d
 }
 
 rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
-                        rg_etcd_deadline_t deadline, rg_etcd_put_t *res)
+                        rg_deadline_t deadline, rg_etcd_put_t *res)
 {
     rg_etcd_op_result_t out;
     rg_status_t st;
@@ -326,7 +326,7 @@ rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
 }
 
 rg_status_t rg_etcd_put_str(rg_etcd_t *client, const char *key, const char *value,
-                            int64_t lease, rg_etcd_deadline_t deadline, int64_t *revision_p)
+                            int64_t lease, rg_deadline_t deadline, int64_t *revision_p)
 {
     rg_etcd_put_req_t req = {.key = key, .value = value,
                              .value_len = value ? strlen(value) : 0, .lease = lease};
@@ -350,7 +350,7 @@ void rg_etcd_put_cleanup(rg_etcd_put_t *res)
 }
 
 rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
-                           rg_etcd_deadline_t deadline, rg_etcd_delete_t *res)
+                           rg_deadline_t deadline, rg_etcd_delete_t *res)
 {
     rg_etcd_op_result_t out;
     rg_status_t st;
@@ -521,7 +521,7 @@ void rg_etcd_txn_cleanup(rg_etcd_txn_t *res)
 rg_status_t rg_etcd_txn(rg_etcd_t *client, const rg_etcd_cmp_t *cmps, size_t n_cmps,
                         const rg_etcd_op_t *success, size_t n_success,
                         const rg_etcd_op_t *failure, size_t n_failure,
-                        rg_etcd_deadline_t deadline, rg_etcd_txn_t *res)
+                        rg_deadline_t deadline, rg_etcd_txn_t *res)
 {
     json_t *body = NULL;
     json_t *arr;

@@ -31,7 +31,7 @@ static rg_status_t lease_call(rg_etcd_t *client, const char *path, int64_t lease
     return st;
 }
 
-rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_deadline_t deadline,
                                 int64_t *lease_p, int64_t *ttl_granted_p)
 {
     json_t *body;
@@ -76,7 +76,7 @@ rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_etcd_deadli
 }
 
 rg_status_t rg_etcd_lease_keepalive(rg_etcd_t *client, int64_t lease,
-                                    rg_etcd_deadline_t deadline, int64_t *ttl_p)
+                                    rg_deadline_t deadline, int64_t *ttl_p)
 {
     json_t *reply = NULL;
     const json_t *result;
@@ -113,7 +113,7 @@ rg_status_t rg_etcd_lease_keepalive(rg_etcd_t *client, int64_t lease,
     return RG_OK;
 }
 
-rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline)
+rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_deadline_t deadline)
 {
     json_t *reply = NULL;
     rg_status_t st = lease_call(client, "/v3/lease/revoke", lease, NULL, deadline, &reply);
@@ -121,7 +121,7 @@ rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_etcd_deadl
     return st;
 }
 
-rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_deadline_t deadline,
                               int64_t *ttl_p, int64_t *granted_p)
 {
     json_t *reply = NULL;

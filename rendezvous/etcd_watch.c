@@ -348,7 +348,7 @@ static void *watch_main(void *arg)
 }
 
 rg_status_t rg_etcd_watch_create(const rg_etcd_params_t *params, const rg_etcd_watch_req_t *req,
-                                 rg_etcd_deadline_t deadline, rg_etcd_watch_t **watch_p)
+                                 rg_deadline_t deadline, rg_etcd_watch_t **watch_p)
 {
     rg_etcd_watch_t *w;
     pthread_condattr_t ca;
@@ -439,7 +439,7 @@ err:
     return st;
 }
 
-rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *w, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *w, rg_deadline_t deadline,
                                rg_etcd_event_t *ev, int64_t *compact_revision_p)
 {
     struct timespec ts;
@@ -449,10 +449,11 @@ rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *w, rg_etcd_deadline_t deadline,
     if (w == NULL || ev == NULL) {
         return rg_error(RG_EINVAL, "etcd watch next: NULL argument");
     }
+    deadline = etcd_conn_deadline(&w->conn, deadline);
     ts.tv_sec = (time_t)(deadline / 1000000000ull);
     ts.tv_nsec = (long)(deadline % 1000000000ull);
     pthread_mutex_lock(&w->mu);
-    while (w->q_len == 0 && w->final == RG_OK && deadline != 0 && !rg_deadline_passed(deadline)) {
+    while (w->q_len == 0 && w->final == RG_OK && !rg_deadline_passed(deadline)) {
         if (pthread_cond_timedwait(&w->cond, &w->mu, &ts) == ETIMEDOUT) {
             break;
         }

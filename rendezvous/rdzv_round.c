@@ -259,7 +259,8 @@ static bool drain_events(rg_rdzv_t *z)
     sp = strlen(status_prefix);
     /* No watch (a new one could not be made last time): as if it had just ended. */
     st = z->watch == NULL ? RG_ECANCELED : RG_OK;
-    while (st == RG_OK && (st = rg_etcd_watch_next(z->watch, 0, &ev, NULL)) == RG_OK) {
+    while (st == RG_OK &&
+           (st = rg_etcd_watch_next(z->watch, RG_DEADLINE_POLL, &ev, NULL)) == RG_OK) {
         if (strncmp(ev.kv.key, status_prefix, sp) != 0) {
             relevant = true;
         }

@@ -410,6 +410,14 @@ START_TEST(test_skip_if_busy_and_commit_timeout)
     ck_assert_msg(strstr(rg_last_error(), "still running") != NULL, "%s", rg_last_error());
     ck_assert_ptr_null(sv2);
     ck_assert_int_eq(rg_ckpt_save_wait(sv, rg_deadline_in_ms(1)), RG_ETIMEDOUT);
+    /* The default deadline is busy_timeout_ms (50 ms), not the commit's 600 ms or forever;
+     * a passed deadline only looks. */
+    uint64_t t0 = rg_now_ns();
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, RG_DEADLINE_DEFAULT), RG_ETIMEDOUT);
+    ck_assert_int_eq(rg_ckpt_save_wait(sv, RG_DEADLINE_POLL), RG_ETIMEDOUT);
+    ck_assert_msg(rg_now_ns() - t0 < 400000000ull, "waited %llu ms",
+                  (unsigned long long)((rg_now_ns() - t0) / 1000000));
+    ck_assert_int_eq(rg_ckpt_save_status(sv), RG_INPROGRESS);
     ck_assert_int_eq(rg_ckpt_save_wait(sv, deadline_s(30)), RG_ETIMEDOUT);
     ck_assert_msg(strstr(rg_last_error(), "1 of 2 shards") != NULL, "%s", rg_last_error());
     ck_assert_int_eq(rg_ckpt_save_status(sv), RG_ETIMEDOUT);

@@ -278,6 +278,32 @@ START_TEST(test_lease_expiry_and_keepalive)
 }
 END_TEST
 
+/* RG_DEADLINE_DEFAULT waits the client's timeout_ms; a deadline already passed only looks. */
+START_TEST(test_watch_next_deadlines)
+{
+    rg_etcd_watch_t *w;
+    rg_etcd_event_t ev;
+    rg_etcd_params_t p = params_for(srv.endpoints);
+    p.timeout_ms = 300;
+    rg_etcd_watch_req_t wr = {.key = "/wd/", .prefix = true};
+
+    ck_assert_int_eq(rg_etcd_watch_create(&p, &wr, rg_deadline_in_ms(10000), &w), RG_OK);
+    uint64_t t0 = rg_now_ns();
+    ck_assert_int_eq(rg_etcd_watch_next(w, RG_DEADLINE_POLL, &ev, NULL), RG_ETIMEDOUT);
+    uint64_t t1 = rg_now_ns();
+    ck_assert_int_eq(rg_etcd_watch_next(w, RG_DEADLINE_DEFAULT, &ev, NULL), RG_ETIMEDOUT);
+    uint64_t t2 = rg_now_ns();
+    ck_assert_msg(t1 - t0 < 200000000ull, "polling took %llu ms",
+                  (unsigned long long)((t1 - t0) / 1000000));
+    ck_assert_msg(t2 - t1 >= 290000000ull && t2 - t1 < 3000000000ull,
+                  "the default wait took %llu ms, not about 300",
+                  (unsigned long long)((t2 - t1) / 1000000));
+    put(cli, "/wd/a", "1");
+    expect_event(w, RG_ETCD_EVENT_PUT, "/wd/a", "1");
+    rg_etcd_watch_destroy(w);
+}
+END_TEST
+
 START_TEST(test_watch_order_and_prev)
 {
     rg_etcd_watch_t *w;
@@ -305,7 +331,7 @@ START_TEST(test_watch_order_and_prev)
     expect_event(w, RG_ETCD_EVENT_DELETE, "/w/b", NULL);
     /* Nothing more: a short wait times out. */
     ck_assert_int_eq(rg_etcd_watch_next(w, rg_deadline_in_ms(100), &ev, NULL), RG_ETIMEDOUT);
-    ck_assert_int_eq(rg_etcd_watch_next(w, 0, &ev, NULL), RG_ETIMEDOUT);
+    ck_assert_int_eq(rg_etcd_watch_next(w, RG_DEADLINE_POLL, &ev, NULL), RG_ETIMEDOUT);
     rg_etcd_watch_destroy(w);
 }
 END_TEST
@@ -489,6 +515,7 @@ Suite *etcd_suite(void)
     tcase_add_test(tc, test_txn_branches);
     tcase_add_test(tc, test_lease_expiry_and_keepalive);
     tcase_add_test(tc, test_watch_order_and_prev);
+    tcase_add_test(tc, test_watch_next_deadlines);
     tcase_add_test(tc, test_watch_survives_restart);
     tcase_add_test(tc, test_watch_compacted);
     tcase_add_test(tc, test_unreachable);

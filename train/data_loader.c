@@ -205,12 +205,13 @@ err_free:
     return st;
 }
 
-rg_status_t rg_loader_next(rg_loader_t *loader, uint64_t deadline, const rg_batch_t **batch_p)
+rg_status_t rg_loader_next(rg_loader_t *loader, rg_deadline_t deadline,
+                           const rg_batch_t **batch_p)
 {
     if (loader == NULL || batch_p == NULL) {
         return rg_error(RG_EINVAL, "rg_loader_next: NULL argument");
     }
-    if (deadline == 0) {
+    if (deadline == RG_DEADLINE_DEFAULT) {
         deadline = rg_deadline_in_ms(RG_LOADER_DEFAULT_TIMEOUT_MS);
     }
     struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),

@@ -152,7 +152,7 @@ static rg_status_t finish_save(rg_train_ctx_t *ctx)
     if (ctx->save == NULL) {
         return RG_OK;
     }
-    st = rg_ckpt_save_wait(ctx->save, 0);
+    st = rg_ckpt_save_wait(ctx->save, RG_DEADLINE_DEFAULT);
     if (st != RG_OK) {
         rg_error_log("checkpoint of step %lld failed: %s", (long long)ctx->save_step,
                      rg_ckpt_save_error(ctx->save));

@@ -26,6 +26,7 @@
 #ifndef REGROUP_CKPT_H
 #define REGROUP_CKPT_H
 
+#include <regroup/deadline.h>
 #include <regroup/dtype.h>
 #include <regroup/status.h>
 
@@ -61,8 +62,8 @@ typedef struct {
     unsigned    keep_last;     /* retention: keep the newest K committed steps; 0 = all */
     uint64_t    keep_every;    /* retention: also keep steps that are multiples of M; 0 = no */
     int64_t     commit_timeout_ms; /* rank 0's wait for all shard records; 0 = 120000 */
-    int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight;
-                                      0 = 600000 */
+    int64_t     busy_timeout_ms;   /* how long rg_ckpt_save waits for the save in flight,
+                                      and rg_ckpt_save_wait's default; 0 = 600000 */
     uint64_t    attempt;       /* tag of this run of the job, the same on every rank (the
                                   worker API uses the round + 1): a commit counts only shard
                                   records with this tag, never a leftover of an earlier
@@ -104,10 +105,13 @@ void rg_ckpt_destroy(rg_ckpt_t *ckpt);
 /*
  * Starts saving step `step` (>= 0) of this rank's tensors. If a save is still in flight it
  * first waits for it, up to busy_timeout_ms (then RG_ETIMEDOUT), or with
- * RG_CKPT_SAVE_SKIP_IF_BUSY returns RG_EAGAIN at once. Copies
- * the tensors into the staging buffer, so the caller may change them as soon as this returns.
+ * RG_CKPT_SAVE_SKIP_IF_BUSY returns RG_EAGAIN at once. Copies the tensors into the staging
+ * buffer (growing it if needed), so the caller may change them as soon as this returns.
+ * A step commits only if every rank 0..world_size-1 saves it: rank 0's save waits, up to
+ * commit_timeout_ms, for every rank's shard record; this call does not wait for the others.
  * On success *save_p is a handle the caller releases with rg_ckpt_save_release.
- * Errors: RG_EINVAL (bad tensor description), RG_ENOMEM, RG_EAGAIN, file-system errors.
+ * Errors: RG_EINVAL (bad tensor description), RG_EEXIST (step already committed), RG_ENOMEM,
+ * RG_EAGAIN, RG_ETIMEDOUT, file-system errors.
  */
 rg_status_t rg_ckpt_save(rg_ckpt_t *ckpt, int64_t step, const rg_ckpt_tensor_t *tensors,
                          size_t n_tensors, unsigned flags, rg_ckpt_save_t **save_p)
@@ -116,12 +120,12 @@ rg_status_t rg_ckpt_save(rg_ckpt_t *ckpt, int64_t step, const rg_ckpt_tensor_t *
 /* RG_INPROGRESS while the save runs, then its final status. Does not block. */
 rg_status_t rg_ckpt_save_status(rg_ckpt_save_t *save);
 
-/* Waits until the save is done or the deadline (absolute monotonic ns as from
- * rg_deadline_in_ms(); 0 = no deadline, for callers that bound the wait themselves) passes.
+/* Waits until the save is done or the deadline passes (see <regroup/deadline.h>; default:
+ * the checkpointer's busy_timeout_ms; RG_DEADLINE_POLL only looks, as rg_ckpt_save_status).
  * Returns the save's status (RG_OK: durable, and for rank 0 committed), RG_ETIMEDOUT if still
  * running, or the error that ended it (RG_ENOSPC, RG_EPERM, RG_EIO, RG_ETIMEDOUT from the
  * commit wait...); the message is in rg_last_error() of the calling thread. */
-rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *save, uint64_t deadline) RG_CKPT_NODISCARD;
+rg_status_t rg_ckpt_save_wait(rg_ckpt_save_t *save, rg_deadline_t deadline) RG_CKPT_NODISCARD;
 
 /* The error message of a failed save (owned by the handle), "" otherwise. */
 const char *rg_ckpt_save_error(rg_ckpt_save_t *save);
@@ -132,11 +136,13 @@ void rg_ckpt_save_release(rg_ckpt_save_t *save);
 /* ---- committed checkpoints ------------------------------------------------------------- */
 
 /* Lists the committed steps under root (those with a MANIFEST), newest first.
- * *steps_p is malloc'd (caller frees); *n_p may be 0. Does not verify the shards. */
+ * *steps_p is malloc'd (caller frees); *n_p may be 0. Does not verify the shards. Blocks on
+ * the directory listing. */
 rg_status_t rg_ckpt_list(const char *root, int64_t **steps_p, size_t *n_p) RG_CKPT_NODISCARD;
 
 /* Removes step directories without a MANIFEST (uncommitted leftovers) and stray temp files.
- * Call it only while no rank is saving (e.g. before workers start). *removed_p may be NULL. */
+ * Call it only while no rank is saving (e.g. before workers start). *removed_p may be NULL.
+ * Blocks on disk. */
 rg_status_t rg_ckpt_cleanup(const char *root, size_t *removed_p) RG_CKPT_NODISCARD;
 
 /* Removes step `step` (committed or not): its MANIFEST first, durably, so that it stops
@@ -156,14 +162,15 @@ typedef struct {
 } rg_ckpt_tensor_info_t;
 
 /* Opens committed step `step` for reading: parses the MANIFEST and every shard's index and
- * checks them against each other (size, checksum, step, rank). RG_ENOENT: no such committed
- * step; RG_ECORRUPT: a shard is missing, truncated or does not match (named in the message).
- * Free with rg_ckpt_reader_close. */
+ * checks them against each other (size, checksum, step, rank). Blocks on disk. RG_ENOENT: no
+ * such committed step; RG_ECORRUPT: a shard is missing, truncated or does not match (named
+ * in the message). Free with rg_ckpt_reader_close. */
 rg_status_t rg_ckpt_reader_open(const char *root, int64_t step, rg_ckpt_reader_t **reader_p)
     RG_CKPT_NODISCARD;
 void    rg_ckpt_reader_close(rg_ckpt_reader_t *reader);  /* accepts NULL */
-int64_t rg_ckpt_reader_step(const rg_ckpt_reader_t *reader);
-/* Dtype and global shape of a tensor; RG_ENOENT if the checkpoint has none by that name. */
+int64_t rg_ckpt_reader_step(const rg_ckpt_reader_t *reader);  /* never blocks */
+/* Dtype and global shape of a tensor; RG_ENOENT if the checkpoint has none by that name.
+ * Never blocks (the index is read at open). */
 rg_status_t rg_ckpt_reader_info(const rg_ckpt_reader_t *reader, const char *name,
                                 rg_ckpt_tensor_info_t *info) RG_CKPT_NODISCARD;
 
@@ -185,16 +192,19 @@ rg_status_t rg_ckpt_reader_read(rg_ckpt_reader_t *reader, const rg_ckpt_request_
     RG_CKPT_NODISCARD;
 
 /*
- * Loads the requests from committed step `step`, or with step < 0 from the newest committed
- * checkpoint, falling back to older ones while one is missing or corrupt (each failure is
- * logged as a warning naming the step and file). *step_p (may be NULL) gets the step loaded.
- * RG_ENOENT: no committed checkpoint (or not that step). Blocks on disk.
+ * Loads the requests from committed step `step` (that step only: its error is returned), or
+ * with step < 0 from the newest committed checkpoint, falling back to older ones while one
+ * is missing, unreadable or corrupt (RG_ENOENT, RG_EIO, RG_ECORRUPT; each failure is logged
+ * as a warning naming the step and file). *step_p (may be NULL) gets the step loaded. The
+ * dst buffers may be written even when it fails. RG_ENOENT: no committed checkpoint (or not
+ * that step). This rank alone: no other rank takes part. Blocks on disk.
  */
 rg_status_t rg_ckpt_load(const char *root, int64_t step, const rg_ckpt_request_t *reqs,
                          size_t n_reqs, int64_t *step_p) RG_CKPT_NODISCARD;
 
 /* Reads every chunk of every shard of a committed step and checks every checksum.
- * RG_OK, or RG_ECORRUPT naming the first bad file. */
+ * RG_OK, RG_ENOENT (no such committed step), or RG_ECORRUPT naming the first bad file.
+ * Blocks on disk. */
 rg_status_t rg_ckpt_verify(const char *root, int64_t step) RG_CKPT_NODISCARD;
 
 #ifdef __cplusplus

@@ -10,12 +10,17 @@
  * rg_comm_req_test() advances and rg_comm_req_wait() completes. Collectives must be called
  * (posted) in the same order on every rank.
  *
- * Failure: every operation has a deadline (the group's default, or opts->deadline). A peer that
- * dies makes the operation fail with RG_EPEER on the surviving ranks; a peer that stops
- * answering makes it fail with RG_ETIMEDOUT when the deadline passes. rg_last_error() names the
- * peer rank. After any failure of an operation the group is unusable: rg_comm_is_healthy()
- * turns false, every later call fails with RG_EPEER, and the group must be destroyed (this
- * destroys its UCX worker too) and rebuilt in a new round. Buffers of a failed operation may
+ * Failure: every operation has a deadline (opts->deadline, see <regroup/deadline.h>; default:
+ * the group's timeout_ms from when it is called or posted; a deadline already passed lets it
+ * complete only if it needs nothing more from its peers). A peer that dies makes the operation
+ * fail with RG_EPEER on the surviving ranks; a peer that stops answering makes it fail with
+ * RG_ETIMEDOUT when the deadline passes. rg_last_error() names the peer rank. After such a
+ * failure (a collective that fails for any reason, a send or recv that fails because of its
+ * peer or its deadline, a request freed before it completed) the group is unusable:
+ * rg_comm_is_healthy() turns false, every later call fails with RG_EPEER, and the group must
+ * be destroyed (this destroys its UCX worker too) and rebuilt in a new round. Errors a call
+ * returns at once (RG_EINVAL, RG_ENOTSUP) and a recv whose message has another size than
+ * asked (RG_EPROTO) leave the group as it was. Buffers of a failed operation may
  * still be written by UCX (a message already being received cannot be stopped) until
  * rg_comm_destroy returns: free or reuse them only after that.
  *
@@ -45,6 +50,7 @@
 #ifndef REGROUP_COMM_H
 #define REGROUP_COMM_H
 
+#include <regroup/deadline.h>
 #include <regroup/dtype.h>
 #include <regroup/etcd.h>
 #include <regroup/status.h>
@@ -89,7 +95,7 @@ typedef struct {
     const rg_etcd_params_t *etcd_params; /* when etcd is NULL: the group's own client, with
                                             TLS files and user (rg_comm_env_read sets it) */
     const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
-    int64_t     timeout_ms;      /* default deadline of each operation; 0 = 30000 */
+    int64_t     timeout_ms;      /* each operation's default timeout; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
 } rg_comm_params_t;
 
@@ -119,31 +125,35 @@ typedef struct {
 rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
 
 /*
- * Creates the group: makes a UCX worker, publishes its address at <key_prefix><rank>, waits
- * for all `size` addresses (progressing UCX meanwhile), connects to every peer and maps the
- * peers' shared memory when all share this host (see above). Blocks up to
- * create_timeout_ms. Errors: RG_EINVAL (params, or a rank whose REGROUP_COMM_* tuning differs
- * from this one's), RG_ETIMEDOUT (not every rank published in time), RG_EPROTO (a published
- * value this build cannot read), etcd errors, RG_EUNREACH (UCX could not connect). Free with
- * rg_comm_destroy.
+ * Collective: every rank 0..size-1 must call it, with the same size and key_prefix (and
+ * REGROUP_COMM_* tuning). Creates the group: makes a UCX worker, publishes its address at
+ * <key_prefix><rank>, waits for all `size` addresses (progressing UCX meanwhile), connects
+ * to every peer and maps the peers' shared memory when all share this host (see above).
+ * Blocks up to create_timeout_ms. Errors: RG_EINVAL (params, or a rank whose REGROUP_COMM_*
+ * tuning differs from this one's), RG_ETIMEDOUT (not every rank published in time), RG_EPROTO
+ * (a published value this build cannot read), etcd errors, RG_EUNREACH (UCX could not
+ * connect). Free with rg_comm_destroy.
  */
 rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     RG_COMM_NODISCARD;
 
-/* Closes every endpoint (without waiting for unhealthy peers), destroys the UCX worker and
- * frees the group. Requests still posted are abandoned; free them first. Accepts NULL. */
+/* Not collective. Tells the peers (if the group is healthy) that this rank leaves, closes
+ * every endpoint (without waiting for unhealthy peers), destroys the UCX worker and frees
+ * the group; blocks a fraction of a second at most. Requests still posted are abandoned
+ * (they fail with RG_ECANCELED); free every request first. Accepts NULL. */
 void rg_comm_destroy(rg_comm_t *comm);
 
+/* Accessors; they never block. */
 int  rg_comm_rank(const rg_comm_t *comm);
 int  rg_comm_size(const rg_comm_t *comm);
-/* False once any operation has failed; the group must then be destroyed. */
+/* False once the group has failed (see "Failure" above); it must then be destroyed. */
 bool rg_comm_is_healthy(const rg_comm_t *comm);
 /* The rank that failed first, or -1 (unknown or none). */
 int  rg_comm_failed_rank(const rg_comm_t *comm);
 
-/* Per-call options; NULL means the defaults (group deadline, host memory). */
+/* Per-call options; NULL (or zeroed) means the defaults (the group's timeout, host memory). */
 typedef struct {
-    uint64_t      deadline;      /* absolute CLOCK_MONOTONIC ns; 0 = now + group timeout */
+    rg_deadline_t deadline;      /* RG_DEADLINE_DEFAULT: timeout_ms from the call or post */
     rg_mem_type_t mem_type;      /* of every buffer of the call */
 } rg_comm_opts_t;
 
@@ -165,33 +175,42 @@ void rg_comm_req_free(rg_comm_req_t *req);
  * (RG_EINVAL, RG_ENOTSUP, RG_EPEER on an unhealthy group) are returned by the call itself.
  */
 
-/* Sends count elements to rank `peer`, matched by `tag` with the peer's recv. */
+/* Point to point (not collective): sends count elements to rank `peer`, matched by `tag`
+ * with the peer's recv. */
 rg_status_t rg_comm_send(rg_comm_t *comm, const void *buf, size_t count, rg_dtype_t dtype,
                          int peer, uint32_t tag, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
 rg_status_t rg_comm_send_post(rg_comm_t *comm, const void *buf, size_t count, rg_dtype_t dtype,
                               int peer, uint32_t tag, const rg_comm_opts_t *opts,
                               rg_comm_req_t **req_p) RG_COMM_NODISCARD;
-/* Receives exactly count elements from rank `peer` with `tag` (RG_EPROTO if the sizes
- * differ). */
+/* Point to point (not collective): receives exactly count elements from rank `peer` with
+ * `tag` (RG_EPROTO if the sizes differ). */
 rg_status_t rg_comm_recv(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype, int peer,
                          uint32_t tag, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
 rg_status_t rg_comm_recv_post(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
                               int peer, uint32_t tag, const rg_comm_opts_t *opts,
                               rg_comm_req_t **req_p) RG_COMM_NODISCARD;
 
+/*
+ * The collectives below: every rank of the group must call each one (or post it), in the same
+ * order on every rank, with the same count, dtype, op and root (as each takes).
+ */
+
+/* Collective: every rank of the group must call it. Returns once every rank has entered. */
 rg_status_t rg_comm_barrier(rg_comm_t *comm, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
 rg_status_t rg_comm_barrier_post(rg_comm_t *comm, const rg_comm_opts_t *opts,
                                  rg_comm_req_t **req_p) RG_COMM_NODISCARD;
 
-/* Copies root's buf (count elements) into every rank's buf. */
+/* Collective: every rank of the group must call it. Copies root's buf (count elements) into
+ * every rank's buf. */
 rg_status_t rg_comm_broadcast(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
                               int root, const rg_comm_opts_t *opts) RG_COMM_NODISCARD;
 rg_status_t rg_comm_broadcast_post(rg_comm_t *comm, void *buf, size_t count, rg_dtype_t dtype,
                                    int root, const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
     RG_COMM_NODISCARD;
 
-/* recvbuf = op over ranks of sendbuf (count elements). sendbuf == RG_COMM_IN_PLACE or
- * sendbuf == recvbuf: recvbuf is the input. */
+/* Collective: every rank of the group must call it. recvbuf = op over ranks of sendbuf
+ * (count elements). sendbuf == RG_COMM_IN_PLACE or sendbuf == recvbuf: recvbuf is the
+ * input. */
 rg_status_t rg_comm_allreduce(rg_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
                               rg_dtype_t dtype, rg_redop_t op, const rg_comm_opts_t *opts)
     RG_COMM_NODISCARD;
@@ -200,7 +219,8 @@ rg_status_t rg_comm_allreduce_post(rg_comm_t *comm, const void *sendbuf, void *r
                                    const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
     RG_COMM_NODISCARD;
 
-/* recvbuf (size * count elements) = every rank's sendbuf (count elements), in rank order.
+/* Collective: every rank of the group must call it.
+ * recvbuf (size * count elements) = every rank's sendbuf (count elements), in rank order.
  * In place: sendbuf == RG_COMM_IN_PLACE and this rank's part is already at
  * recvbuf + rank * count elements. */
 rg_status_t rg_comm_allgather(rg_comm_t *comm, const void *sendbuf, void *recvbuf, size_t count,
@@ -209,7 +229,8 @@ rg_status_t rg_comm_allgather_post(rg_comm_t *comm, const void *sendbuf, void *r
                                    size_t count, rg_dtype_t dtype, const rg_comm_opts_t *opts,
                                    rg_comm_req_t **req_p) RG_COMM_NODISCARD;
 
-/* recvbuf (count elements) = op over ranks of block `rank` of sendbuf (size * count elements).
+/* Collective: every rank of the group must call it.
+ * recvbuf (count elements) = op over ranks of block `rank` of sendbuf (size * count elements).
  * In place: sendbuf == RG_COMM_IN_PLACE, recvbuf holds the size * count input and the result
  * is left at recvbuf + rank * count elements (the other blocks are overwritten). */
 rg_status_t rg_comm_reduce_scatter(rg_comm_t *comm, const void *sendbuf, void *recvbuf,

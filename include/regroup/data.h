@@ -12,6 +12,7 @@
 #ifndef REGROUP_DATA_H
 #define REGROUP_DATA_H
 
+#include <regroup/deadline.h>
 #include <regroup/status.h>
 
 #include <stdbool.h>
@@ -147,7 +148,7 @@ void rg_sampler_permutation(uint64_t seed, uint64_t epoch, uint32_t *perm, size_
 
 /* The number of batches a loader prepares ahead of the one the caller holds. */
 #define RG_LOADER_DEPTH 3
-/* How long rg_loader_next() waits when given deadline 0. */
+/* rg_loader_next()'s default timeout (RG_DEADLINE_DEFAULT). */
 #define RG_LOADER_DEFAULT_TIMEOUT_MS 60000
 
 /* One rank's share of one global step, owned by the loader. */
@@ -176,15 +177,15 @@ rg_status_t rg_loader_create(const rg_dataset_t *ds, const rg_sampler_params_t *
                              rg_loader_t **loader_p) RG_DATA_NODISCARD;
 
 /*
- * Waits, until deadline (absolute CLOCK_MONOTONIC ns, as rg_deadline_t; 0 means
- * RG_LOADER_DEFAULT_TIMEOUT_MS from now), for the next batch and sets *batch_p. The batch
- * stays valid until the next call of rg_loader_next() or rg_loader_destroy(); calling
- * rg_loader_next() hands the previous batch's memory back to the loader. The stream does not
- * end: epochs follow one another. Returns RG_ETIMEDOUT (the batch is not lost: the next call
- * returns it), or the error that stopped the background thread.
- * Call it from one thread at a time (the loader's owner).
+ * Waits, until the deadline (see <regroup/deadline.h>; default: RG_LOADER_DEFAULT_TIMEOUT_MS;
+ * RG_DEADLINE_POLL takes a batch only if one is ready), for the next batch and sets *batch_p.
+ * The batch stays valid until the next call of rg_loader_next() or rg_loader_destroy();
+ * calling rg_loader_next() hands the previous batch's memory back to the loader. The stream
+ * does not end: epochs follow one another. Returns RG_ETIMEDOUT (the batch is not lost: the
+ * next call returns it), or the error that stopped the background thread. Call it from one
+ * thread at a time (the loader's owner).
  */
-rg_status_t rg_loader_next(rg_loader_t *loader, uint64_t deadline,
+rg_status_t rg_loader_next(rg_loader_t *loader, rg_deadline_t deadline,
                            const rg_batch_t **batch_p) RG_DATA_NODISCARD;
 
 /* Stops the background thread (waiting for at most one batch being prepared), frees all. */

@@ -7,8 +7,10 @@
  * (calls on one client are serialised by a mutex); a watch and a lease keeper run on their
  * own connections and threads.
  *
- * Deadlines: every call takes an absolute rg_deadline_t (see rg_deadline_in_ms()); 0 means
- * "now + the client's default timeout". A call that runs out of time returns RG_ETIMEDOUT.
+ * Deadlines: every call blocks until it has its answer or its rg_deadline_t passes (see
+ * <regroup/deadline.h>); RG_DEADLINE_DEFAULT means the client's timeout_ms from now. A call
+ * that runs out of time returns RG_ETIMEDOUT; a call on a client given a deadline already
+ * passed returns it without sending a request.
  *
  * Errors: a status plus rg_last_error(), which names the endpoint and what failed:
  *   RG_EUNREACH   no endpoint could be connected to
@@ -28,6 +30,7 @@
 #ifndef REGROUP_ETCD_H
 #define REGROUP_ETCD_H
 
+#include <regroup/deadline.h>
 #include <regroup/status.h>
 
 #include <stdbool.h>
@@ -40,8 +43,6 @@ extern "C" {
 
 #define RG_ETCD_NODISCARD __attribute__((warn_unused_result))
 
-typedef uint64_t rg_etcd_deadline_t; /* absolute CLOCK_MONOTONIC ns, 0 = default timeout */
-
 typedef struct rg_etcd rg_etcd_t;
 
 typedef struct {
@@ -52,7 +53,7 @@ typedef struct {
     const char *ca_file;    /* optional TLS: CA bundle to verify the server */
     const char *cert_file;  /* optional TLS client certificate and key */
     const char *key_file;
-    int64_t timeout_ms;     /* default per-call timeout; 0 = 5000 */
+    int64_t timeout_ms;     /* each call's default timeout (RG_DEADLINE_DEFAULT); 0 = 5000 */
     size_t max_response;    /* largest response body accepted; 0 = 64 MiB */
 } rg_etcd_params_t;
 
@@ -61,7 +62,8 @@ rg_status_t rg_etcd_create(const rg_etcd_params_t *params, rg_etcd_t **client_p)
     RG_ETCD_NODISCARD;
 /* Closes the connection and frees the client. Accepts NULL. */
 void rg_etcd_destroy(rg_etcd_t *client);
-/* The endpoint the last successful call used (owned by the client). */
+/* The endpoint the last successful call used (owned by the client, valid until destroy).
+ * Never blocks. */
 const char *rg_etcd_endpoint(const rg_etcd_t *client);
 
 /* ---- key-value ------------------------------------------------------------------------- */
@@ -100,11 +102,11 @@ void rg_etcd_range_cleanup(rg_etcd_range_t *res);
 
 /* Reads keys. On success fills *res (free with rg_etcd_range_cleanup). */
 rg_status_t rg_etcd_range(rg_etcd_t *client, const rg_etcd_range_req_t *req,
-                          rg_etcd_deadline_t deadline, rg_etcd_range_t *res) RG_ETCD_NODISCARD;
+                          rg_deadline_t deadline, rg_etcd_range_t *res) RG_ETCD_NODISCARD;
 
 /* Reads one key. RG_ENOENT if absent. *value_p is malloc'd, NUL-terminated; caller frees.
  * mod_revision_p may be NULL. */
-rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_get(rg_etcd_t *client, const char *key, rg_deadline_t deadline,
                         char **value_p, size_t *len_p, int64_t *mod_revision_p)
     RG_ETCD_NODISCARD;
 
@@ -122,14 +124,16 @@ typedef struct {
     rg_etcd_kv_t  prev;      /* when has_prev */
 } rg_etcd_put_t;
 
+/* Frees what a put result owns (not the struct). Accepts NULL. */
 void rg_etcd_put_cleanup(rg_etcd_put_t *res);
 
-/* Writes a key. res may be NULL. */
+/* Writes a key. res may be NULL; else on success it is filled (free with
+ * rg_etcd_put_cleanup). */
 rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
-                        rg_etcd_deadline_t deadline, rg_etcd_put_t *res) RG_ETCD_NODISCARD;
+                        rg_deadline_t deadline, rg_etcd_put_t *res) RG_ETCD_NODISCARD;
 /* Writes a NUL-terminated string value with an optional lease. Returns the revision. */
 rg_status_t rg_etcd_put_str(rg_etcd_t *client, const char *key, const char *value,
-                            int64_t lease, rg_etcd_deadline_t deadline, int64_t *revision_p)
+                            int64_t lease, rg_deadline_t deadline, int64_t *revision_p)
     RG_ETCD_NODISCARD;
 
 typedef struct {
@@ -146,11 +150,13 @@ typedef struct {
     size_t        n_prev;
 } rg_etcd_delete_t;
 
+/* Frees what a delete result owns (not the struct). Accepts NULL. */
 void rg_etcd_delete_cleanup(rg_etcd_delete_t *res);
 
-/* Deletes a key or range. res may be NULL. */
+/* Deletes a key or range. res may be NULL; else on success it is filled (free with
+ * rg_etcd_delete_cleanup). */
 rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
-                           rg_etcd_deadline_t deadline, rg_etcd_delete_t *res)
+                           rg_deadline_t deadline, rg_etcd_delete_t *res)
     RG_ETCD_NODISCARD;
 
 /* ---- transactions ---------------------------------------------------------------------- */
@@ -211,30 +217,32 @@ typedef struct {
     size_t               n_results;
 } rg_etcd_txn_t;
 
+/* Frees what a transaction result owns (not the struct). Accepts NULL. */
 void rg_etcd_txn_cleanup(rg_etcd_txn_t *res);
 
 /* Runs a transaction. A failed compare is not an error: res->succeeded tells. At most 128
- * ops per branch (etcd's limit). */
+ * compares and 128 ops per branch (etcd's limit). res is required; on success it is filled
+ * (free with rg_etcd_txn_cleanup). */
 rg_status_t rg_etcd_txn(rg_etcd_t *client, const rg_etcd_cmp_t *cmps, size_t n_cmps,
                         const rg_etcd_op_t *success, size_t n_success,
                         const rg_etcd_op_t *failure, size_t n_failure,
-                        rg_etcd_deadline_t deadline, rg_etcd_txn_t *res) RG_ETCD_NODISCARD;
+                        rg_deadline_t deadline, rg_etcd_txn_t *res) RG_ETCD_NODISCARD;
 
 /* ---- leases ---------------------------------------------------------------------------- */
 
 /* Grants a lease of ttl_s seconds (etcd raises it to its minimum, 2 s by default).
  * *ttl_granted_p may be NULL. */
-rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_lease_grant(rg_etcd_t *client, int64_t ttl_s, rg_deadline_t deadline,
                                 int64_t *lease_p, int64_t *ttl_granted_p) RG_ETCD_NODISCARD;
 /* Renews a lease once. RG_ELEASE if the lease has expired or does not exist. */
 rg_status_t rg_etcd_lease_keepalive(rg_etcd_t *client, int64_t lease,
-                                    rg_etcd_deadline_t deadline, int64_t *ttl_p)
+                                    rg_deadline_t deadline, int64_t *ttl_p)
     RG_ETCD_NODISCARD;
 /* Revokes a lease: its keys are deleted at once. RG_ELEASE if it was already gone. */
-rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline)
+rg_status_t rg_etcd_lease_revoke(rg_etcd_t *client, int64_t lease, rg_deadline_t deadline)
     RG_ETCD_NODISCARD;
 /* Remaining seconds of a lease (RG_ELEASE if expired or unknown); granted_p may be NULL. */
-rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_deadline_t deadline,
                               int64_t *ttl_p, int64_t *granted_p) RG_ETCD_NODISCARD;
 
 /*
@@ -244,8 +252,11 @@ rg_status_t rg_etcd_lease_ttl(rg_etcd_t *client, int64_t lease, rg_etcd_deadline
  */
 typedef struct rg_etcd_keeper rg_etcd_keeper_t;
 
+/* Starts the keeper thread with its own client made from params; does not block (the first
+ * renewal is the thread's). Free with rg_etcd_keeper_stop. */
 rg_status_t rg_etcd_keeper_start(const rg_etcd_params_t *params, int64_t lease, int64_t ttl_s,
                                  rg_etcd_keeper_t **keeper_p) RG_ETCD_NODISCARD;
+/* Never block; safe from any thread. */
 bool rg_etcd_keeper_lost(rg_etcd_keeper_t *keeper);
 int  rg_etcd_keeper_fd(rg_etcd_keeper_t *keeper);   /* readable once the lease is lost */
 /* Stops the thread (within ~the client timeout). Does not revoke. Accepts NULL. */
@@ -276,34 +287,38 @@ typedef struct {
 typedef struct rg_etcd_watch rg_etcd_watch_t;
 
 /*
- * Starts a watch on its own connection and thread. Returns once etcd has confirmed it (or
- * the deadline passed). Events arrive in revision order; if the connection drops or the
+ * Starts a watch on its own connection and thread. Blocks until etcd has confirmed it, or
+ * RG_ETIMEDOUT when the deadline passes (default: params->timeout_ms). Free with
+ * rg_etcd_watch_destroy. Events arrive in revision order; if the connection drops or the
  * member dies, the watch resumes from the last delivered revision + 1 on any endpoint, so no
  * event is lost or repeated. If the resume revision has been compacted, rg_etcd_watch_next
  * returns RG_ECOMPACTED (and the compact revision) and the watch is over.
  */
 rg_status_t rg_etcd_watch_create(const rg_etcd_params_t *params, const rg_etcd_watch_req_t *req,
-                                 rg_etcd_deadline_t deadline, rg_etcd_watch_t **watch_p)
+                                 rg_deadline_t deadline, rg_etcd_watch_t **watch_p)
     RG_ETCD_NODISCARD;
 
 /*
- * Takes the next event, waiting until the deadline (0 = do not wait).
+ * Takes the next event, waiting for one until the deadline (default: the timeout_ms of the
+ * params the watch was created with; RG_DEADLINE_POLL takes a queued event or returns at once).
  * RG_OK: *ev filled (free with rg_etcd_event_cleanup). RG_ETIMEDOUT: none yet.
  * RG_ECOMPACTED: the watch can no longer resume; *compact_revision_p (may be NULL) says where
  * to re-list from. Other errors are final for this watch.
  */
-rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *watch, rg_etcd_deadline_t deadline,
+rg_status_t rg_etcd_watch_next(rg_etcd_watch_t *watch, rg_deadline_t deadline,
                                rg_etcd_event_t *ev, int64_t *compact_revision_p)
     RG_ETCD_NODISCARD;
-/* A file descriptor that is readable while events (or a final error) are queued. */
+/* A file descriptor that is readable while events (or a final error) are queued (owned by
+ * the watch; never block). */
 int  rg_etcd_watch_fd(rg_etcd_watch_t *watch);
-/* The revision up to which events have been taken by rg_etcd_watch_next. */
+/* The revision up to which events have been taken by rg_etcd_watch_next. Never blocks. */
 int64_t rg_etcd_watch_revision(rg_etcd_watch_t *watch);
+/* Frees what an event owns (not the struct). Accepts NULL. */
 void rg_etcd_event_cleanup(rg_etcd_event_t *ev);
 /* Closes the stream, stops the thread and frees the watch. Accepts NULL. */
 void rg_etcd_watch_destroy(rg_etcd_watch_t *watch);
 
-/* Frees what a kv owns. */
+/* Frees what a kv owns (not the struct). Accepts NULL. */
 void rg_etcd_kv_cleanup(rg_etcd_kv_t *kv);
 
 #ifdef __cplusplus

@@ -17,6 +17,10 @@
  * join a job below max size, or the round number moved on.
  *
  * One rg_rdzv_t belongs to one thread (the agent's).
+ *
+ * Blocking: rg_rdzv_create and rg_rdzv_join are bounded by join_timeout_ms; every other call
+ * that talks to etcd makes a few requests, each with the client's default deadline
+ * (etcd.timeout_ms, see etcd.h and <regroup/deadline.h>). The accessors never block.
  */
 #ifndef REGROUP_RDZV_H
 #define REGROUP_RDZV_H
@@ -79,14 +83,15 @@ typedef enum {
 typedef struct rg_rdzv rg_rdzv_t;
 
 /* Connects, grants this agent's lease (retrying until the join timeout if etcd cannot be
- * reached) and starts watching the job. Free with rg_rdzv_destroy. */
+ * reached), starts its keeper thread and watches the job. Free with rg_rdzv_destroy. */
 rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
     RG_ETCD_NODISCARD;
 /* Stops the watch and keeper; does not revoke the lease (see rg_rdzv_leave). Accepts NULL. */
 void rg_rdzv_destroy(rg_rdzv_t *rdzv);
-/* This agent's id (host:pid:random). */
+/* This agent's id (host:pid:random), owned by the rendezvous. */
 const char *rg_rdzv_agent_id(const rg_rdzv_t *rdzv);
-/* The etcd client the rendezvous uses (for status and progress keys). */
+/* The etcd client the rendezvous uses (for status and progress keys); owned by the
+ * rendezvous, valid until rg_rdzv_destroy. */
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *rdzv);
 
 /*
@@ -128,7 +133,8 @@ rg_status_t rg_rdzv_leave(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
 rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job, FILE *out)
     RG_ETCD_NODISCARD;
 
-/* Prints every failure the job recorded as a table (for the end of a failed job). */
+/* Prints every failure the job recorded as a table (for the end of a failed job), or a line
+ * saying why they cannot be read. */
 void rg_rdzv_print_failures(rg_rdzv_t *rdzv, FILE *out);
 
 #ifdef __cplusplus

@@ -8,7 +8,8 @@
  *   -30..-39    membership changed: rejoin the rendezvous
  *   -40..-49    a peer failed: rebuild the group
  *   -50..-59    data is corrupt: fall back to an older copy
- * The failing call also leaves a message naming what failed in rg_last_error() (per thread).
+ * The failing call also leaves a message naming what failed in rg_last_error() (per thread);
+ * a program's own functions can do the same with rg_error().
  */
 #ifndef REGROUP_STATUS_H
 #define REGROUP_STATUS_H
@@ -62,6 +63,17 @@ const char *rg_status_name(rg_status_t status);
  * The string belongs to the thread and stays valid until its next failing call.
  */
 const char *rg_last_error(void);
+
+/*
+ * Records a failure as this thread's last error: rg_last_error() returns the printf-style
+ * message (cut at 1023 bytes) until the thread's next failure. Returns status, so that a
+ * function says what failed where it finds it: `return rg_error(RG_EIO, "cannot open %s",
+ * path);`. regroup's calls report this way; a program's functions that return rg_status_t
+ * can too (rg_trainer_fit prints rg_last_error() when the worker function fails). Never
+ * blocks; touches only the calling thread's message.
+ */
+rg_status_t rg_error(rg_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #ifdef __cplusplus
 }

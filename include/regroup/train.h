@@ -13,7 +13,10 @@
  *   }
  *   rg_train_finalize(ctx);                         // waits for the last checkpoint
  *
- * A context belongs to one thread. Every call documents whether it blocks.
+ * A context belongs to one thread. Every call documents whether it blocks. A call marked
+ * "collective" must be made by every rank of the round, in the same order (it communicates
+ * with the other ranks through the context's group, or cannot complete without them); a rank
+ * that skips one leaves the others waiting until a deadline.
  */
 #ifndef REGROUP_TRAIN_H
 #define REGROUP_TRAIN_H
@@ -35,25 +38,41 @@ typedef struct rg_train_ctx rg_train_ctx_t;
 typedef struct {
     const char *ckpt_root;       /* checkpoint root; NULL = $REGROUP_CKPT_DIR, or none */
     unsigned    keep_last;       /* checkpoints kept; 0 = $REGROUP_CKPT_KEEP or 3 */
-    int64_t     comm_timeout_ms; /* collective deadline; 0 = $REGROUP_COMM_TIMEOUT_MS or 30000 */
+    int64_t     comm_timeout_ms; /* the group's timeout_ms (each communication operation's
+                                    default); 0 = $REGROUP_COMM_TIMEOUT_MS or 30000 */
     size_t      staging_bytes;   /* checkpoint staging buffer to allocate up front; 0 = lazy */
 } rg_train_params_t;
 
 /*
- * Builds the context from the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK,
- * LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, REGROUP_ETCD_ENDPOINTS, REGROUP_JOB_ID,
- * REGROUP_ROUND): connects to etcd, creates the round's communication group (blocks until
- * every rank joined or the deadline), and opens the checkpoint root. params may be NULL.
- * RG_EINVAL names a missing or malformed variable. Free with rg_train_finalize.
+ * Collective. Builds the context from the launcher's environment (RANK, WORLD_SIZE,
+ * LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, REGROUP_ETCD_ENDPOINTS,
+ * REGROUP_JOB_ID, REGROUP_ROUND and the optional etcd TLS and user variables of
+ * rg_comm_env_read; REGROUP_COMM_TIMEOUT_MS, REGROUP_CKPT_DIR and REGROUP_CKPT_KEEP as in
+ * rg_train_params_t; REGROUP_CKPT_COMMIT_TIMEOUT_MS, rank 0's wait for every rank's shard
+ * before a commit, default 120000): makes an etcd client, creates the round's communication
+ * group (blocks until every rank of the round has called this, or RG_ETIMEDOUT after the
+ * group's default create_timeout_ms of 30 s), and opens a checkpointer on the checkpoint
+ * root (creating the directory, allocating staging_bytes). params may be NULL. RG_EINVAL
+ * names a missing or malformed variable. On success the caller frees *ctx_p with
+ * rg_train_finalize; on failure nothing is left to free.
  */
 rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_p)
     RG_TRAIN_NODISCARD;
-/* Waits for a checkpoint in flight, then frees everything. If a peer has failed (the group
- * is unhealthy), it waits at most 1 s and then abandons the checkpoint in flight (it never
- * becomes visible) so that the process can exit and the job restart at once. The commit
- * wait is bounded by REGROUP_CKPT_COMMIT_TIMEOUT_MS (default 120000). Accepts NULL. */
+/*
+ * Waits for the checkpoint in flight (if any), then frees everything, the group included.
+ * Not collective: each rank finalizes on its own (it tells its peers that it leaves, waiting
+ * a fraction of a second for that). The wait for the checkpoint is the one rg_report does
+ * (rank 0's includes the commit, bounded by REGROUP_CKPT_COMMIT_TIMEOUT_MS; a file system
+ * that hangs hangs this too, as in rg_ckpt_destroy); a failure it finds is logged, as there
+ * is no status to return it in. If a peer has failed (the group is
+ * unhealthy), it waits at most 1 s and then abandons the checkpoint in flight, leaving the
+ * context's memory and the checkpoint's threads to the process's exit (a checkpoint not
+ * committed by then never becomes visible), so that the process can exit and the job
+ * restart at once. Accepts NULL.
+ */
 void rg_train_finalize(rg_train_ctx_t *ctx);
 
+/* The context's fixed facts; these accessors never block. */
 int        rg_train_rank(const rg_train_ctx_t *ctx);
 int        rg_train_world_size(const rg_train_ctx_t *ctx);
 int        rg_train_local_rank(const rg_train_ctx_t *ctx);
@@ -61,7 +80,8 @@ int        rg_train_local_size(const rg_train_ctx_t *ctx);
 int        rg_train_round(const rg_train_ctx_t *ctx);
 int        rg_train_restart_count(const rg_train_ctx_t *ctx);
 rg_comm_t *rg_train_comm(rg_train_ctx_t *ctx);          /* owned by the context */
-const char *rg_train_ckpt_root(const rg_train_ctx_t *ctx); /* NULL if none */
+const char *rg_train_ckpt_root(const rg_train_ctx_t *ctx); /* owned by the context; NULL if
+                                                              none */
 
 typedef struct {
     const char *name;
@@ -83,24 +103,51 @@ typedef struct {
 
 /*
  * Publishes progress at /regroup/<job>/status/progress/<rank> (where `regroup status` shows
- * it). With state (and a checkpoint root), also starts an asynchronous checkpoint of the
- * state at report->step: the call copies the tensors into the staging buffer and returns;
- * compression, writes, fsync and the commit happen in the background. If the previous
- * checkpoint is still being written, it waits for it first. A failed background checkpoint
- * is reported by the next rg_report or rg_train_finalize (and logged), never silently lost.
+ * it): one etcd put, bounded by the client's default timeout (5 s), at most twice a second
+ * without state, at every call with state; a failed put is only logged. The caller keeps
+ * report and its metrics.
+ *
+ * With state (and a checkpoint root), also starts an asynchronous checkpoint of the state at
+ * report->step: if the previous checkpoint is still being written it first waits for it
+ * (rank 0: until it is committed; at most the checkpointer's default busy_timeout_ms, 10 min,
+ * then RG_ETIMEDOUT), then copies the tensors into the staging buffer and
+ * returns; compression, writes, fsync and the commit happen in the background. The caller
+ * may change or free the tensors as soon as it returns. Rank 0 saves its state->cursor with
+ * the checkpoint. A step an earlier attempt of the job already committed is not saved again
+ * (RG_OK). Collective with state: every rank must report state at the same steps, since
+ * rank 0 commits a checkpoint only once every rank's shard is durable (else the commit times
+ * out and the checkpoint never exists); the call itself does not wait for the other ranks.
+ *
+ * A failed background checkpoint is logged when it is found, and returned by the call that
+ * finds it: a call without state once it has ended, or a call with state that waits for it
+ * (one with state that finds it already ended returns the new checkpoint's status instead).
+ * Returns RG_EINVAL (bad report: more than RG_TRAIN_MAX_METRICS metrics, a name that is not
+ * 1-64 characters of [A-Za-z0-9_.-], step < 0), that failure, or rg_ckpt_save's errors.
  */
 rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
                       const rg_train_state_t *state) RG_TRAIN_NODISCARD;
 
-/* The newest committed checkpoint that verifies, or RG_ENOENT if none. Non-blocking apart
- * from reading the manifests. */
+/* Collective. The newest committed checkpoint (one with a MANIFEST): rank 0 lists the
+ * checkpoint root and broadcasts its step to every rank, so that all get the same *step_p.
+ * Verifies nothing (rg_train_restore finds and skips a checkpoint that cannot be read).
+ * Blocks on rank 0's directory listing and on the broadcast (the group's deadline).
+ * RG_ENOENT: no committed checkpoint, or no checkpoint root (then without communicating);
+ * the broadcast's errors (RG_EPEER, RG_ETIMEDOUT: the group is then unusable). */
 rg_status_t rg_get_checkpoint(rg_train_ctx_t *ctx, int64_t *step_p) RG_TRAIN_NODISCARD;
 
 /*
- * Reads the given rows of each requested tensor from checkpoint `step` (falling back to the
- * newest good one if it fails to verify), and the data cursor saved with it. The row ranges
- * may differ from those saved (resharding to a new world size). *step_p (may be NULL) gets
- * the step actually read. Blocks on disk.
+ * Collective, with the same `step` on every rank (the one rg_get_checkpoint gave). Reads the
+ * given rows of each requested tensor from checkpoint `step`, verifying every chunk read, and
+ * the data cursor saved with it into *cursor. The row ranges may differ from those saved
+ * (resharding to a new world size). The ranks agree after each attempt (an allreduce): if any
+ * rank could not read the step (any error, logged as a warning), all move together to the
+ * next older committed step that rank 0 finds, at most 8 steps in all. On success rank 0
+ * removes the committed steps newer than the one restored (not every rank could read them)
+ * and records the restored step in etcd; *step_p (may be NULL) gets the step read. The
+ * requests' dst buffers may be written even when the call fails. Blocks on disk and on the
+ * group (its deadline for each agreement). RG_ENOENT: no checkpoint root; RG_ECORRUPT: no
+ * step could be read by every rank; RG_EINVAL, RG_ENOMEM; the group's errors (RG_EPEER,
+ * RG_ETIMEDOUT: the group is then unusable).
  */
 rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_request_t *reqs,
                              size_t n_reqs, rg_data_cursor_t *cursor, int64_t *step_p)
@@ -113,7 +160,7 @@ typedef rg_status_t (*rg_train_fn_t)(rg_train_ctx_t *ctx, void *arg);
 typedef struct {
     int         num_workers;     /* workers on this machine, >= 1 */
     int         max_failures;    /* worker failures tolerated (restarts) */
-    bool        use_gpu;         /* refused with RG_ENOTSUP in a build without CUDA */
+    bool        use_gpu;         /* refused with RG_ENOTSUP: workers run on CPUs only */
     const char *ckpt_root;       /* required */
     unsigned    keep_last;       /* checkpoints kept; 0 = 3 */
     int         argc;            /* the program's own arguments, re-used for the workers */
@@ -123,9 +170,14 @@ typedef struct {
 /*
  * Runs fn on num_workers local workers with a private etcd: the same machinery as
  * `regroup --standalone` (restarts, checkpoints, resume). Called in the program's main: in
- * the driver it starts the workers (re-running this program) and returns when the job ends,
- * RG_OK if every worker finished fn successfully; in a worker it runs fn and exits the
- * process with fn's result.
+ * the driver it starts the workers (re-running this program with argv), blocks until the job
+ * ends and returns RG_OK if every worker finished fn successfully, RG_EPEER if the job failed
+ * (more than max_failures worker failures, or the agent could not run it: its log says why),
+ * RG_EINVAL or RG_ENOTSUP for a bad scaling config. It sets REGROUP_CKPT_DIR and
+ * REGROUP_CKPT_KEEP in the driver's environment for the workers. In a worker it never
+ * returns: it makes the context (rg_train_init), runs fn, prints rg_last_error() if fn
+ * failed, finalizes and exits the process, with status 0 if fn returned RG_OK and 1
+ * otherwise. The caller keeps scaling and arg.
  */
 rg_status_t rg_trainer_fit(rg_train_fn_t fn, void *arg, const rg_scaling_config_t *scaling)
     RG_TRAIN_NODISCARD;
