@@ -283,7 +283,7 @@ START_TEST(test_watch_next_deadlines)
 {
     rg_etcd_watch_t *w;
     rg_etcd_event_t ev;
-    rg_etcd_params_t p = params_for(srv.endpoints);
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
     p.timeout_ms = 300;
     rg_etcd_watch_req_t wr = {.key = "/wd/", .prefix = true};
 
