@@ -283,7 +283,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "test_trainer: %s without REGROUP_TRAINER_WORKER\n", WORKER_FLAG);
             return 2;
         }
-        snprintf(dir, sizeof(dir), "%s", argv[2 + 1]);
+        snprintf(dir, sizeof(dir), "%s", argv[3]);
         snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
         rg_scaling_config_t sc = scaling(1, 0, argv);
         rg_status_t st = rg_trainer_fit(fn_named(argv[2]), dir, &sc);
