@@ -1,11 +1,26 @@
 /*
- * The `regroup` command: one agent per node, torchrun's options and worker environment.
+ * The launcher: one agent per node that forks the workers, restarts them, owns the etcd lease
+ * and the rendezvous. Two front ends drive the same agent through one interface:
  *
- * launcher_opts.c  parses the command line (dashed and underscored spellings) into a const
- *                  launcher_config_t; flags over REGROUP_* environment over defaults.
+ *   rg_agent_params_t p;
+ *   rg_agent_params_init(&p);            defaults, every field's source "default"
+ *   ... fill p (and p.from[field]) ...   the `regroup` command from argv and REGROUP_* variables
+ *                                        (launcher_opts.c); rg_trainer_fit from its
+ *                                        rg_scaling_config_t (train/train_trainer.c)
+ *   rg_agent_run(&p, &result);           validates (rg_agent_params_check), runs, says what
+ *                                        happened
+ *
+ * Validation is in one place (launcher_params.c) and names the bad value as its source gave it
+ * (`--nproc-per-node=0`, `REGROUP_NPROC_PER_NODE=0`, `rg_scaling_config_t.num_workers=0`).
+ * The workers' environment is built for each child from this process's environ, p.env and
+ * torchrun's variables; the agent never calls setenv, and it restores the signal mask and the
+ * SIGPIPE disposition it changed, so an in-process caller gets its process back as it was.
+ *
+ * launcher_params.c  the parameters: defaults, validation, --print-config, etcd parameters.
+ * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters.
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
- * launcher_agent.c the agent: rendezvous, run a round, react to failures and signals.
- * launcher_status.c `regroup status`.
+ * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
+ * launcher_status.c  `regroup status`.
  */
 #ifndef REGROUP_LAUNCHER_H
 #define REGROUP_LAUNCHER_H
@@ -18,51 +33,104 @@
 #include <sys/types.h>
 
 #define LAUNCHER_MAX_NPROC 256
+#define RG_AGENT_MAX_ENV   64     /* entries of rg_agent_params_t.env */
+
+/* The settings, in --print-config's order; each has a source in rg_agent_params_t.from. */
+typedef enum {
+    RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_ENDPOINT, RG_AGENT_JOB, RG_AGENT_LAST_CALL,
+    RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS, RG_AGENT_MONITOR,
+    RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
+    RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
+    RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
+    RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
+} rg_agent_field_t;
 
 typedef struct {
     /* rendezvous */
-    int         min_nodes;
+    int         min_nodes;          /* 1..256, min <= max */
     int         max_nodes;
-    int         nproc;
-    char        endpoint[1024];
-    char        job[80];
-    bool        standalone;
-    int64_t     last_call_ms;
-    int64_t     join_timeout_ms;
-    int64_t     lease_ttl_s;
-    char        user[128];
+    int         nproc;              /* workers on this node, 1..LAUNCHER_MAX_NPROC */
+    char        endpoint[1024];     /* etcd endpoints; "" with standalone */
+    char        job[80];            /* 1-64 of A-Z a-z 0-9 _ . - */
+    bool        standalone;         /* start a private etcd (a single node) */
+    int64_t     last_call_ms;       /* 0..3600 s */
+    int64_t     join_timeout_ms;    /* 0.1..86400 s */
+    int64_t     lease_ttl_s;        /* 1..3600 */
+    char        user[128];          /* etcd user and password: both or neither */
     char        password[128];
     char        cacert[512];
-    char        cert[512];
+    char        cert[512];          /* client certificate and key: both or neither */
     char        key[512];
     /* agent */
-    int         max_restarts;
-    int64_t     monitor_ms;
-    int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers */
+    int         max_restarts;       /* worker failures tolerated, 0..1000000 */
+    int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
+    int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
     char        role[64];
-    char        log_dir[512];
-    int         redirects;          /* bit 1: stdout, bit 2: stderr to files */
+    char        log_dir[512];       /* required by redirects and tee */
+    int         redirects;          /* 0..3; bit 1: stdout, bit 2: stderr to files */
     int         tee;                /* same bits: to files and the console */
-    char        local_addr[256];
+    char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
-    bool        module;             /* -m: run PROGRAM as a python module */
-    bool        print_config;
-    /* the program */
+    bool        module;             /* run argv[0] as a python module */
+    /* the program, borrowed for the run: argv[0..argc-1], argc >= 1 */
     int         argc;
-    char      **argv;
-} launcher_config_t;
+    char *const *argv;
+    /* the workers' extra environment, borrowed for the run: "NAME=VALUE" entries that replace
+     * this process's variables of the same name (torchrun's variables replace these) */
+    int          n_env;             /* 0..RG_AGENT_MAX_ENV */
+    const char *const *env;
+    /* where each value came from, as --print-config shows it: NULL = "default", "flag",
+     * "--rdzv-conf", a variable's name, or the caller's field ("rg_scaling_config_t....") */
+    const char *from[RG_AGENT_NFIELDS];
+} rg_agent_params_t;
 
-/* Parses argv. Returns 0, 1 if help was printed (exit 0), or 2 after printing a one-line
- * error that names the bad option. */
-int  launcher_parse(int argc, char **argv, launcher_config_t *cfg);
-/* Parses one --rdzv-conf value into cfg (`regroup status` takes the same). 0, or 2 after
+/* How the run ended. status is also rg_agent_run's return value. */
+typedef struct {
+    rg_status_t status;
+    int         exit_code;          /* what `regroup` exits with: 0, 1, or 128 + signal */
+    int         signal;             /* the signal that stopped the agent, or 0 */
+    int         restart_count;      /* failure restarts the job went through */
+} rg_agent_result_t;
+
+/* Fills p with the defaults (a job "none" of one node and one worker, no program). */
+void rg_agent_params_init(rg_agent_params_t *p);
+/* RG_OK, or RG_EINVAL with a message naming the first bad value as its source gave it. */
+rg_status_t rg_agent_params_check(const rg_agent_params_t *p) RG_NODISCARD;
+/* Every setting, its value and where it came from (`regroup --print-config`). */
+void rg_agent_params_print(const rg_agent_params_t *p, FILE *out);
+/* "--nproc-per-node=0", "REGROUP_NPROC_PER_NODE=0", ...: field f as its source gave it. */
+void rg_agent_params_label(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
+                           size_t len);
+/* The etcd client parameters for endpoints with p's TLS files and user (strings borrowed). */
+rg_etcd_params_t launcher_etcd_params(const rg_agent_params_t *p, const char *endpoints);
+
+/*
+ * Runs the agent until the job ends for this node. Blocks. Returns (and puts in result, which
+ * may be NULL):
+ *   RG_OK          the job finished (this node's workers succeeded, or it ended without us)
+ *   RG_EINVAL      p failed rg_agent_params_check; nothing was started
+ *   RG_EJOBFAILED  the workers failed more than max_restarts times
+ *   RG_ECANCELED   SIGTERM, SIGINT or SIGHUP stopped the agent (result->signal says which);
+ *                  the signal is consumed, the workers are stopped
+ *   other          etcd or the rendezvous could not start or went away (RG_EUNREACH,
+ *                  RG_ETIMEDOUT, RG_EAUTH, ...), or the workers could not be started (RG_ESYS)
+ * The message is in rg_last_error(); the agent also prints its report on stderr. While it runs,
+ * SIGCHLD, SIGTERM, SIGINT and SIGHUP are blocked in the calling thread (read through a
+ * signalfd) and SIGPIPE is ignored; both are restored before it returns.
+ */
+rg_status_t rg_agent_run(const rg_agent_params_t *p, rg_agent_result_t *result) RG_NODISCARD;
+
+/* ---- the command line ------------------------------------------------------------------ */
+
+/* Fills p from argv (flags) over REGROUP_* variables over defaults; argv strings are borrowed.
+ * Returns 0, 1 if help was printed (exit 0), or 2 after printing a one-line error that names
+ * the bad option. *print_config is set by --print-config (then no PROGRAM is needed, and the
+ * parameters are not checked). */
+int  launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_config);
+/* Parses one --rdzv-conf value into p (`regroup status` takes the same). 0, or 2 after
  * printing a one-line error naming the bad key. */
-int  launcher_parse_rdzv_conf(launcher_config_t *cfg, const char *conf);
-/* The etcd client parameters for endpoints with cfg's TLS files and user (strings borrowed
- * from cfg). */
-rg_etcd_params_t launcher_etcd_params(const launcher_config_t *cfg, const char *endpoints);
+int  launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf);
 void launcher_usage(FILE *out);
-void launcher_print_config(const launcher_config_t *cfg, FILE *out);
 
 /* ---- workers ------------------------------------------------------------------------- */
 
@@ -94,9 +162,10 @@ typedef struct {
 } launcher_workers_t;
 
 typedef struct {
-    const launcher_config_t    *cfg;
+    const rg_agent_params_t    *cfg;
     const rg_rdzv_assignment_t *asg;
     const char                 *endpoints;
+    const char                 *local_addr;   /* resolved */
 } launcher_spawn_t;
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
@@ -105,20 +174,19 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
  * and returns the number still running. */
 int  launcher_workers_reap(launcher_workers_t *ws, int *failed);
 /* Reads what a worker wrote on fd (one of its pipes). */
-void launcher_workers_pump(launcher_workers_t *ws, int fd, const launcher_config_t *cfg);
+void launcher_workers_pump(launcher_workers_t *ws, int fd, const rg_agent_params_t *cfg);
 /* SIGTERM to every worker's process group, up to grace_ms for them to exit, then SIGKILL;
  * reaps them all. */
 void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
-                           const launcher_config_t *cfg);
+                           const rg_agent_params_t *cfg);
 /* Reads what worker i left in its pipes (after it exited). */
-void launcher_workers_drain(launcher_workers_t *ws, int i, const launcher_config_t *cfg);
+void launcher_workers_drain(launcher_workers_t *ws, int i, const rg_agent_params_t *cfg);
 /* Fills a failure record for worker i (error file and stderr tail). */
 void launcher_workers_failure(launcher_workers_t *ws, int i, rg_rdzv_failure_t *f,
                               char *err_buf, size_t err_len, char *tail_buf, size_t tail_len);
 
 /* ---- commands ------------------------------------------------------------------------ */
 
-int launcher_agent_main(const launcher_config_t *cfg);
 int launcher_status_main(int argc, char **argv);
 
 #endif

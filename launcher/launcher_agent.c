@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +32,16 @@ typedef enum {
 } round_end_t;
 
 typedef struct {
-    const launcher_config_t *cfg;
+    const rg_agent_params_t *cfg;
     rg_rdzv_t               *rdzv;
     int                      sigfd;
     sigset_t                 child_mask;     /* the mask workers start with */
     launcher_workers_t       ws;
     int                      stop_signal;
+    int                      restart_count;
+    rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     char                     endpoints[1024];
+    char                     local_addr[256];
 } agent_t;
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -74,14 +78,17 @@ static bool read_signals(agent_t *ag, bool *child)
 
 static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
-    const launcher_config_t *cfg = ag->cfg;
-    launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints};
+    const rg_agent_params_t *cfg = ag->cfg;
+    launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
+                           .local_addr = ag->local_addr};
     rg_status_t st;
 
     rg_log_set_identity(asg->rank_offset, asg->round);
+    ag->restart_count = asg->restart_count;
     st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
     if (st != RG_OK) {
-        fprintf(stderr, "regroup: cannot start workers: %s\n", rg_last_error());
+        ag->error = rg_error_wrap(st, "cannot start workers");
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
         launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);
         return ROUND_ERROR;
     }
@@ -104,7 +111,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
             }
         }
         if (poll(pfd, (nfds_t)n, (int)cfg->monitor_ms) < 0 && errno != EINTR) {
-            fprintf(stderr, "regroup: poll: %s\n", strerror(errno));
+            ag->error = rg_error(RG_ESYS, "poll: %s", strerror(errno));
+            fprintf(stderr, "regroup: %s\n", rg_last_error());
             launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
             return ROUND_ERROR;
         }
@@ -161,41 +169,43 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     }
 }
 
-static int agent_loop(agent_t *ag)
+/* Rounds until the job ends for this node. */
+static rg_status_t agent_loop(agent_t *ag)
 {
-    const launcher_config_t *cfg = ag->cfg;
+    const rg_agent_params_t *cfg = ag->cfg;
     rg_rdzv_assignment_t *asg = malloc(sizeof(*asg));
-    int rc = 1;
+    rg_status_t st;
 
     if (asg == NULL) {
         fprintf(stderr, "regroup: out of memory\n");
-        return 1;
+        return rg_error(RG_ENOMEM, "rendezvous assignment");
     }
     for (;;) {
-        rg_status_t st = rg_rdzv_join(ag->rdzv, ag->sigfd, asg);
+        st = rg_rdzv_join(ag->rdzv, ag->sigfd, asg);
         if (st == RG_ECANCELED) {
             bool child = false;
             if (read_signals(ag, &child)) {
-                rc = 128 + ag->stop_signal;
                 break;
             }
             continue;   /* only SIGCHLD of an old worker: join again */
         }
         if (st != RG_OK) {
             fprintf(stderr, "regroup: %s\n", rg_last_error());
-            rc = 1;
             break;
         }
+        ag->restart_count = asg->restart_count;
         if (asg->job_done) {
             fprintf(stderr, "regroup: the job finished without this node\n");
-            rc = 0;
+            st = RG_OK;
             break;
         }
         if (asg->job_failed) {
             fprintf(stderr, "regroup: the job failed more than --max-restarts=%d times\n",
                     cfg->max_restarts);
             rg_rdzv_print_failures(ag->rdzv, stderr);
-            rc = 1;
+            char limit[256];
+            rg_agent_params_label(cfg, RG_AGENT_MAX_RESTARTS, limit, sizeof(limit));
+            st = rg_error(RG_EJOBFAILED, "the workers failed more than %s times", limit);
             break;
         }
         round_end_t end = run_round(ag, asg);
@@ -205,15 +215,14 @@ static int agent_loop(agent_t *ag)
                 rg_warn("cannot record completion: %s", rg_last_error());
             }
             rg_info("workers finished successfully");
-            rc = 0;
+            st = RG_OK;
             break;
         }
         if (end == ROUND_STOPPED) {
-            rc = 128 + ag->stop_signal;
             break;
         }
         if (end == ROUND_ERROR) {
-            rc = 1;
+            st = ag->error;   /* with run_round's message */
             break;
         }
         st = rg_rdzv_next_round(ag->rdzv);
@@ -221,62 +230,76 @@ static int agent_loop(agent_t *ag)
             rg_warn("cannot open the next round (%s); joining anyway", rg_last_error());
         }
     }
+    if (ag->stop_signal != 0) {
+        st = rg_error(RG_ECANCELED, "stopped by signal %d", ag->stop_signal);
+    }
     free(asg);
-    return rc;
+    return st;
 }
 
-int launcher_agent_main(const launcher_config_t *cfg)
+/* The private etcd of a single-node job; its endpoints into ag. */
+static rg_status_t start_private_etcd(agent_t *ag, rg_etcd_server_t **etcd_p)
 {
-    agent_t ag = {.cfg = cfg, .sigfd = -1};
-    rg_etcd_server_t *etcd = NULL;
-    sigset_t block;
-    rg_status_t st;
-    int rc = 1;
-
-    /* Signals arrive through the signalfd; block them before any thread starts so that
-     * every thread (curl's, the lease keeper's, the watch's) inherits the mask. */
-    sigemptyset(&block);
-    sigaddset(&block, SIGCHLD);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGHUP);
-    sigprocmask(SIG_BLOCK, &block, &ag.child_mask);
-    sigdelset(&ag.child_mask, SIGCHLD);
-    sigdelset(&ag.child_mask, SIGTERM);
-    sigdelset(&ag.child_mask, SIGINT);
-    sigdelset(&ag.child_mask, SIGHUP);
-    signal(SIGPIPE, SIG_IGN);
-    ag.sigfd = signalfd(-1, &block, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (ag.sigfd < 0) {
-        fprintf(stderr, "regroup: signalfd: %s\n", strerror(errno));
-        return 1;
+    rg_etcd_server_t *etcd = calloc(1, sizeof(*etcd));
+    /* Fast raft timing: a private single-member etcd can expire leases in 1 s. */
+    if (etcd == NULL ||
+        rg_etcd_server_start(etcd, "--heartbeat-interval=10 --election-timeout=100") != 0) {
+        free(etcd);
+        rg_error_wrap(RG_EUNREACH, "--standalone: cannot start etcd");
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        return RG_EUNREACH;
     }
-    snprintf(ag.ws.run_dir, sizeof(ag.ws.run_dir), "%s/regroup-%s-XXXXXX",
+    snprintf(ag->endpoints, sizeof(ag->endpoints), "%s", etcd->endpoints);
+    rg_info("--standalone: private etcd at %s (pid %d, data %s)", etcd->endpoints,
+            (int)etcd->pid[0], etcd->root);
+    *etcd_p = etcd;
+    return RG_OK;
+}
+
+static bool is_loopback_endpoint(const char *ep)
+{
+    return strstr(ep, "127.") != NULL || strstr(ep, "localhost") != NULL ||
+           strstr(ep, "[::1]") != NULL;
+}
+
+static void resolve_local_addr(agent_t *ag)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    if (cfg->local_addr[0] != '\0') {
+        snprintf(ag->local_addr, sizeof(ag->local_addr), "%s", cfg->local_addr);
+    } else if (cfg->standalone || is_loopback_endpoint(cfg->endpoint) ||
+               gethostname(ag->local_addr, sizeof(ag->local_addr)) != 0) {
+        snprintf(ag->local_addr, sizeof(ag->local_addr), "127.0.0.1");
+    }
+}
+
+static rg_status_t agent_main(agent_t *ag)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    rg_etcd_server_t *etcd = NULL;
+    rg_status_t st;
+
+    resolve_local_addr(ag);
+    if (cfg->standalone) {
+        st = start_private_etcd(ag, &etcd);
+        if (st != RG_OK) {
+            return st;
+        }
+    } else {
+        snprintf(ag->endpoints, sizeof(ag->endpoints), "%s", cfg->endpoint);
+    }
+    snprintf(ag->ws.run_dir, sizeof(ag->ws.run_dir), "%s/regroup-%s-XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", cfg->job);
-    if (mkdtemp(ag.ws.run_dir) == NULL) {
-        fprintf(stderr, "regroup: cannot create %s: %s\n", ag.ws.run_dir, strerror(errno));
-        ag.ws.run_dir[0] = '\0';
+    if (mkdtemp(ag->ws.run_dir) == NULL) {
+        st = rg_error(RG_ESYS, "cannot create %s: %s", ag->ws.run_dir, strerror(errno));
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        ag->ws.run_dir[0] = '\0';
         goto out;
     }
-    if (cfg->standalone) {
-        etcd = calloc(1, sizeof(*etcd));
-        /* Fast raft timing: a private single-member etcd can expire leases in 1 s. */
-        if (etcd == NULL ||
-            rg_etcd_server_start(etcd, "--heartbeat-interval=10 --election-timeout=100") != 0) {
-            fprintf(stderr, "regroup: --standalone: cannot start etcd: %s\n", rg_last_error());
-            goto out;
-        }
-        snprintf(ag.endpoints, sizeof(ag.endpoints), "%s", etcd->endpoints);
-        rg_info("--standalone: private etcd at %s (pid %d, data %s)", etcd->endpoints,
-                (int)etcd->pid[0], etcd->root);
-    } else {
-        snprintf(ag.endpoints, sizeof(ag.endpoints), "%s", cfg->endpoint);
-    }
-
     rg_rdzv_params_t p = {
-        .etcd = launcher_etcd_params(cfg, ag.endpoints),
+        .etcd = launcher_etcd_params(cfg, ag->endpoints),
         .job = cfg->job,
-        .addr = cfg->local_addr,
+        .addr = ag->local_addr,
         .nproc = cfg->nproc,
         .min_nodes = cfg->min_nodes,
         .max_nodes = cfg->max_nodes,
@@ -285,24 +308,86 @@ int launcher_agent_main(const launcher_config_t *cfg)
         .join_timeout_ms = cfg->join_timeout_ms,
         .max_restarts = cfg->max_restarts,
     };
-    st = rg_rdzv_create(&p, &ag.rdzv);
+    st = rg_rdzv_create(&p, &ag->rdzv);
     if (st != RG_OK) {
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         goto out;
     }
-    rc = agent_loop(&ag);
-    /* Leaving on purpose: the others regroup now instead of after the lease TTL. */
-    st = rg_rdzv_leave(ag.rdzv);
-    if (st != RG_OK) {
+    st = agent_loop(ag);
+    /* Leaving on purpose: the others regroup now instead of after the lease TTL. The loop's
+     * message is what the caller reads, not this one's. */
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", rg_last_error());
+    if (rg_rdzv_leave(ag->rdzv) != RG_OK) {
         rg_warn("cannot revoke the lease: %s", rg_last_error());
     }
+    if (st != RG_OK) {
+        rg_error(st, "%s", msg);
+    }
 out:
-    rg_rdzv_destroy(ag.rdzv);
+    rg_rdzv_destroy(ag->rdzv);
     if (etcd != NULL) {
         rg_etcd_server_stop(etcd);
         free(etcd);
     }
-    rm_tree(ag.ws.run_dir);
-    close(ag.sigfd);
-    return rc;
+    rm_tree(ag->ws.run_dir);
+    rg_log_set_identity(-1, -1);   /* the rounds' identity is not the caller's */
+    return st;
+}
+
+rg_status_t rg_agent_run(const rg_agent_params_t *cfg, rg_agent_result_t *result)
+{
+    agent_t *ag;
+    sigset_t block;
+    sigset_t old_mask;
+    struct sigaction old_pipe;
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    rg_status_t st = rg_agent_params_check(cfg);
+
+    if (result != NULL) {
+        *result = (rg_agent_result_t){.status = st, .exit_code = st == RG_OK ? 0 : 2};
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    ag = calloc(1, sizeof(*ag));   /* the workers' table is large for a stack */
+    if (ag == NULL) {
+        st = rg_error(RG_ENOMEM, "agent");
+        goto done;
+    }
+    ag->cfg = cfg;
+    ag->sigfd = -1;
+    /* Signals arrive through the signalfd; block them before any thread starts so that
+     * every thread (curl's, the lease keeper's, the watch's) inherits the mask. */
+    sigemptyset(&block);
+    sigaddset(&block, SIGCHLD);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &block, &old_mask);
+    ag->child_mask = old_mask;
+    sigdelset(&ag->child_mask, SIGCHLD);
+    sigdelset(&ag->child_mask, SIGTERM);
+    sigdelset(&ag->child_mask, SIGINT);
+    sigdelset(&ag->child_mask, SIGHUP);
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    ag->sigfd = signalfd(-1, &block, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (ag->sigfd < 0) {
+        st = rg_error(RG_ESYS, "signalfd: %s", strerror(errno));
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+    } else {
+        st = agent_main(ag);
+        close(ag->sigfd);
+    }
+    sigaction(SIGPIPE, &old_pipe, NULL);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+done:
+    if (result != NULL) {
+        result->status = st;
+        result->signal = ag ? ag->stop_signal : 0;
+        result->restart_count = ag ? ag->restart_count : 0;
+        result->exit_code = st == RG_OK ? 0 : result->signal ? 128 + result->signal : 1;
+    }
+    free(ag);
+    return st;
 }

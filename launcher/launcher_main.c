@@ -5,22 +5,29 @@
 
 int main(int argc, char **argv)
 {
-    launcher_config_t cfg;
+    rg_agent_params_t p;
+    rg_agent_result_t result;
+    bool print_config;
     int rc;
 
     if (argc >= 2 && strcmp(argv[1], "status") == 0) {
         return launcher_status_main(argc - 1, argv + 1);
     }
-    rc = launcher_parse(argc, argv, &cfg);
+    rc = launcher_parse(argc, argv, &p, &print_config);
     if (rc == 1) {
         return 0;
     }
     if (rc != 0) {
         return rc;
     }
-    if (cfg.print_config) {
-        launcher_print_config(&cfg, stdout);
+    if (print_config) {
+        rg_agent_params_print(&p, stdout);
         return 0;
     }
-    return launcher_agent_main(&cfg);
+    /* The agent prints its own report on stderr; the exit status says how it ended:
+     * 0 done, 1 failed, 128 + the signal that stopped it. */
+    if (rg_agent_run(&p, &result) != RG_OK) {
+        return result.exit_code;
+    }
+    return 0;
 }

@@ -1,7 +1,10 @@
-/* Command-line options of `regroup`: torchrun's names, dashed or underscored. */
+/*
+ * Command-line options of `regroup`: torchrun's names, dashed or underscored, into the agent's
+ * parameters. Here only the syntax is checked (a number is a number, a key is known); the
+ * ranges and the combinations are checked by rg_agent_params_check, for the trainer too.
+ */
 #include "launcher.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,33 +22,31 @@ typedef struct {
     opt_id_t    id;
     bool        value;
     const char *env;      /* REGROUP_* variable read when the flag is absent */
+    int         field;    /* the rg_agent_field_t it sets, -1 if none */
 } opt_t;
 
 static const opt_t opts[] = {
-    {"nnodes", 0, O_NNODES, true, "REGROUP_NNODES"},
-    {"nproc-per-node", 0, O_NPROC, true, "REGROUP_NPROC_PER_NODE"},
-    {"rdzv-backend", 0, O_RDZV_BACKEND, true, NULL},
-    {"rdzv-endpoint", 0, O_RDZV_ENDPOINT, true, "REGROUP_RDZV_ENDPOINT"},
-    {"rdzv-id", 0, O_RDZV_ID, true, "REGROUP_RDZV_ID"},
-    {"rdzv-conf", 0, O_RDZV_CONF, true, "REGROUP_RDZV_CONF"},
-    {"standalone", 0, O_STANDALONE, false, NULL},
-    {"max-restarts", 0, O_MAX_RESTARTS, true, "REGROUP_MAX_RESTARTS"},
-    {"monitor-interval", 0, O_MONITOR, true, "REGROUP_MONITOR_INTERVAL"},
-    {"role", 0, O_ROLE, true, NULL},
-    {"log-dir", 0, O_LOG_DIR, true, "REGROUP_LOG_DIR"},
-    {"redirects", 'r', O_REDIRECTS, true, NULL},
-    {"tee", 't', O_TEE, true, NULL},
-    {"local-addr", 0, O_LOCAL_ADDR, true, "REGROUP_LOCAL_ADDR"},
-    {"no-python", 0, O_NO_PYTHON, false, NULL},
-    {"module", 'm', O_MODULE, false, NULL},
-    {"node-rank", 0, O_NODE_RANK, true, NULL},
-    {"help", 'h', O_HELP, false, NULL},
-    {"print-config", 0, O_PRINT_CONFIG, false, NULL},
-    {"grace-period", 0, O_GRACE, true, "REGROUP_GRACE_PERIOD"},
+    {"nnodes", 0, O_NNODES, true, "REGROUP_NNODES", RG_AGENT_NNODES},
+    {"nproc-per-node", 0, O_NPROC, true, "REGROUP_NPROC_PER_NODE", RG_AGENT_NPROC},
+    {"rdzv-backend", 0, O_RDZV_BACKEND, true, NULL, -1},
+    {"rdzv-endpoint", 0, O_RDZV_ENDPOINT, true, "REGROUP_RDZV_ENDPOINT", RG_AGENT_ENDPOINT},
+    {"rdzv-id", 0, O_RDZV_ID, true, "REGROUP_RDZV_ID", RG_AGENT_JOB},
+    {"rdzv-conf", 0, O_RDZV_CONF, true, "REGROUP_RDZV_CONF", -1},
+    {"standalone", 0, O_STANDALONE, false, NULL, RG_AGENT_STANDALONE},
+    {"max-restarts", 0, O_MAX_RESTARTS, true, "REGROUP_MAX_RESTARTS", RG_AGENT_MAX_RESTARTS},
+    {"monitor-interval", 0, O_MONITOR, true, "REGROUP_MONITOR_INTERVAL", RG_AGENT_MONITOR},
+    {"role", 0, O_ROLE, true, NULL, RG_AGENT_ROLE},
+    {"log-dir", 0, O_LOG_DIR, true, "REGROUP_LOG_DIR", RG_AGENT_LOG_DIR},
+    {"redirects", 'r', O_REDIRECTS, true, NULL, RG_AGENT_REDIRECTS},
+    {"tee", 't', O_TEE, true, NULL, RG_AGENT_TEE},
+    {"local-addr", 0, O_LOCAL_ADDR, true, "REGROUP_LOCAL_ADDR", RG_AGENT_LOCAL_ADDR},
+    {"no-python", 0, O_NO_PYTHON, false, NULL, RG_AGENT_NO_PYTHON},
+    {"module", 'm', O_MODULE, false, NULL, RG_AGENT_MODULE},
+    {"node-rank", 0, O_NODE_RANK, true, NULL, -1},
+    {"help", 'h', O_HELP, false, NULL, -1},
+    {"print-config", 0, O_PRINT_CONFIG, false, NULL, -1},
+    {"grace-period", 0, O_GRACE, true, "REGROUP_GRACE_PERIOD", RG_AGENT_GRACE},
 };
-
-static const char *sources[O_COUNT + 8];
-enum { S_LAST_CALL = O_COUNT, S_JOIN_TIMEOUT, S_LEASE_TTL };
 
 void launcher_usage(FILE *out)
 {
@@ -91,219 +92,210 @@ static int bad(const char *opt, const char *value, const char *why)
     return 2;
 }
 
-static bool parse_int(const char *s, long lo, long hi, long *out)
+/* The same, naming the option as its source gave it: the flag, or the REGROUP_* variable. */
+static int bad_src(const opt_t *o, const char *src, const char *value, const char *why)
+{
+    if (strcmp(src, "flag") == 0) {
+        return bad(o->name, value, why);
+    }
+    fprintf(stderr, "regroup: %s=%s: %s (see regroup --help)\n", src, value, why);
+    return 2;
+}
+
+/* A whole decimal integer that fits an int; its range is rg_agent_params_check's. */
+static bool parse_int(const char *s, int *out)
 {
     char *end;
     long v;
     errno = 0;
     v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+    if (errno != 0 || end == s || *end != '\0' || v < -1000000000L || v > 1000000000L) {
         return false;
     }
-    *out = v;
+    *out = (int)v;
     return true;
 }
 
 /* Seconds, possibly fractional, as milliseconds. */
-static bool parse_seconds(const char *s, double lo, double hi, int64_t *ms)
+static bool parse_seconds(const char *s, int64_t *ms)
 {
     char *end;
     double v;
     errno = 0;
     v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
+    if (errno != 0 || end == s || *end != '\0' || !(v >= -1e9 && v <= 1e9)) {
         return false;
     }
-    *ms = (int64_t)(v * 1000.0 + 0.5);
+    *ms = (int64_t)(v * 1000.0 + (v < 0 ? -0.5 : 0.5));
     return true;
 }
 
-static int parse_rdzv_conf(launcher_config_t *cfg, const char *conf, const char *src)
+/* Copies a string option into its field; too long for the field is an error, not a cut. */
+static bool store(char *dst, size_t cap, const char *v)
+{
+    if (strlen(v) >= cap) {
+        return false;
+    }
+    memcpy(dst, v, strlen(v) + 1);
+    return true;
+}
+
+static int conf_bad(const char *src, const char *key, const char *why)
+{
+    fprintf(stderr, "regroup: %s%s%s: %s (see regroup --help)\n", src,
+            strcmp(src, "--rdzv-conf") == 0 ? "=" : " ", key, why);
+    return 2;
+}
+
+static int parse_rdzv_conf(rg_agent_params_t *p, const char *conf, const char *src)
 {
     char buf[2048];
-    snprintf(buf, sizeof(buf), "%s", conf);
+    if (!store(buf, sizeof(buf), conf)) {
+        return conf_bad(src, "...", "longer than 2047 characters");
+    }
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv;
          kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
-        int64_t ms;
+        rg_agent_field_t f;
+        bool ok;
         if (eq == NULL) {
-            return bad("rdzv-conf", kv, "expected key=value");
+            return conf_bad(src, kv, "expected key=value");
         }
         *eq = '\0';
         const char *v = eq + 1;
         if (strcmp(kv, "last_call_timeout") == 0) {
-            if (!parse_seconds(v, 0, 3600, &ms)) {
-                return bad("rdzv-conf", kv, "last_call_timeout must be 0..3600 seconds");
-            }
-            cfg->last_call_ms = ms;
-            sources[S_LAST_CALL] = src;
+            f = RG_AGENT_LAST_CALL;
+            ok = parse_seconds(v, &p->last_call_ms);
         } else if (strcmp(kv, "join_timeout") == 0 || strcmp(kv, "timeout") == 0) {
-            if (!parse_seconds(v, 0.1, 86400, &ms)) {
-                return bad("rdzv-conf", kv, "join_timeout must be 0.1..86400 seconds");
-            }
-            cfg->join_timeout_ms = ms;
-            sources[S_JOIN_TIMEOUT] = src;
+            f = RG_AGENT_JOIN_TIMEOUT;
+            ok = parse_seconds(v, &p->join_timeout_ms);
         } else if (strcmp(kv, "lease_ttl") == 0) {
-            long ttl;
-            if (!parse_int(v, 1, 3600, &ttl)) {
-                return bad("rdzv-conf", kv, "lease_ttl must be 1..3600 whole seconds");
-            }
-            cfg->lease_ttl_s = ttl;
-            sources[S_LEASE_TTL] = src;
+            int ttl;
+            f = RG_AGENT_LEASE_TTL;
+            ok = parse_int(v, &ttl);
+            p->lease_ttl_s = ok ? ttl : p->lease_ttl_s;
         } else if (strcmp(kv, "grace_period") == 0) {
-            if (!parse_seconds(v, 0, 3600, &cfg->grace_ms)) {
-                return bad("rdzv-conf", kv, "grace_period must be 0..3600 seconds");
-            }
+            f = RG_AGENT_GRACE;
+            ok = parse_seconds(v, &p->grace_ms);
         } else if (strcmp(kv, "user") == 0 || strcmp(kv, "username") == 0) {
-            snprintf(cfg->user, sizeof(cfg->user), "%s", v);
+            f = RG_AGENT_USER;
+            ok = store(p->user, sizeof(p->user), v);
         } else if (strcmp(kv, "password") == 0) {
-            snprintf(cfg->password, sizeof(cfg->password), "%s", v);
+            f = RG_AGENT_PASSWORD;
+            ok = store(p->password, sizeof(p->password), v);
         } else if (strcmp(kv, "cacert") == 0 || strcmp(kv, "ca") == 0) {
-            snprintf(cfg->cacert, sizeof(cfg->cacert), "%s", v);
+            f = RG_AGENT_CACERT;
+            ok = store(p->cacert, sizeof(p->cacert), v);
         } else if (strcmp(kv, "cert") == 0) {
-            snprintf(cfg->cert, sizeof(cfg->cert), "%s", v);
+            f = RG_AGENT_CERT;
+            ok = store(p->cert, sizeof(p->cert), v);
         } else if (strcmp(kv, "key") == 0) {
-            snprintf(cfg->key, sizeof(cfg->key), "%s", v);
+            f = RG_AGENT_KEY;
+            ok = store(p->key, sizeof(p->key), v);
         } else {
-            return bad("rdzv-conf", kv, "unknown key");
+            return conf_bad(src, kv, "unknown key");
         }
+        if (!ok) {
+            return conf_bad(src, kv, f == RG_AGENT_LEASE_TTL ? "expected whole seconds"
+                                        : f <= RG_AGENT_GRACE  ? "expected seconds"
+                                                               : "too long");
+        }
+        p->from[f] = src;
     }
     return 0;
 }
 
-int launcher_parse_rdzv_conf(launcher_config_t *cfg, const char *conf)
+int launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf)
 {
-    return parse_rdzv_conf(cfg, conf, "--rdzv-conf");
+    return parse_rdzv_conf(p, conf, "--rdzv-conf");
 }
 
-rg_etcd_params_t launcher_etcd_params(const launcher_config_t *cfg, const char *endpoints)
+static int apply_nnodes(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src)
 {
-    return (rg_etcd_params_t){.endpoints = endpoints,
-                              .user = cfg->user[0] ? cfg->user : NULL,
-                              .password = cfg->password[0] ? cfg->password : NULL,
-                              .ca_file = cfg->cacert[0] ? cfg->cacert : NULL,
-                              .cert_file = cfg->cert[0] ? cfg->cert : NULL,
-                              .key_file = cfg->key[0] ? cfg->key : NULL};
+    const char *colon = strchr(v, ':');
+    char lo[32];
+    if (colon == NULL) {
+        if (!parse_int(v, &p->min_nodes)) {
+            return bad_src(o, src, v, "expected N or MIN:MAX with 1 <= N <= 256");
+        }
+        p->max_nodes = p->min_nodes;
+        return 0;
+    }
+    snprintf(lo, sizeof(lo), "%.*s", (int)(colon - v), v);
+    if (!parse_int(lo, &p->min_nodes) || !parse_int(colon + 1, &p->max_nodes)) {
+        return bad_src(o, src, v, "expected N or MIN:MAX with 1 <= N <= 256");
+    }
+    return 0;
 }
 
-static int apply(launcher_config_t *cfg, const opt_t *o, const char *v, const char *src)
+static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src,
+                 bool *print_config)
 {
-    long n;
-    char *colon;
+    bool ok = true;
 
-    sources[o->id] = src;
+    if (o->field >= 0) {
+        p->from[o->field] = src;
+    }
     switch (o->id) {
     case O_NNODES:
-        colon = strchr(v, ':');
-        if (colon == NULL) {
-            if (!parse_int(v, 1, RG_RDZV_MAX_NODES, &n)) {
-                return bad(o->name, v, "expected N or MIN:MAX with 1 <= N <= 256");
-            }
-            cfg->min_nodes = cfg->max_nodes = (int)n;
-        } else {
-            char lo[32];
-            long mn;
-            long mx;
-            snprintf(lo, sizeof(lo), "%.*s", (int)(colon - v), v);
-            if (!parse_int(lo, 1, RG_RDZV_MAX_NODES, &mn) ||
-                !parse_int(colon + 1, 1, RG_RDZV_MAX_NODES, &mx)) {
-                return bad(o->name, v, "expected N or MIN:MAX with 1 <= N <= 256");
-            }
-            if (mn > mx) {
-                return bad(o->name, v, "MIN is larger than MAX");
-            }
-            cfg->min_nodes = (int)mn;
-            cfg->max_nodes = (int)mx;
-        }
-        break;
+        return apply_nnodes(p, o, v, src);
     case O_NPROC:
         if (strcmp(v, "cpu") == 0 || strcmp(v, "auto") == 0) {
-            n = sysconf(_SC_NPROCESSORS_ONLN);
-        } else if (!parse_int(v, 1, LAUNCHER_MAX_NPROC, &n)) {
-            return bad(o->name, v, "expected a number of workers from 1 to 256, or cpu");
+            p->nproc = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        } else if (!parse_int(v, &p->nproc)) {
+            return bad_src(o, src, v, "expected a number of workers from 1 to 256, or cpu");
         }
-        cfg->nproc = (int)n;
         break;
     case O_RDZV_BACKEND:
         if (strcmp(v, "etcd") != 0 && strcmp(v, "etcd-v3") != 0 && strcmp(v, "etcd-v2") != 0) {
-            return bad(o->name, v, "the only rendezvous backend is etcd");
+            return bad_src(o, src, v, "the only rendezvous backend is etcd");
         }
         break;
     case O_RDZV_ENDPOINT:
         if (v[0] == '\0') {
-            return bad(o->name, v, "empty endpoint");
+            return bad_src(o, src, v, "empty endpoint");
         }
-        snprintf(cfg->endpoint, sizeof(cfg->endpoint), "%s", v);
+        ok = store(p->endpoint, sizeof(p->endpoint), v);
         break;
-    case O_RDZV_ID:
-        if (strlen(v) == 0 || strlen(v) > 64 || strspn(v, "abcdefghijklmnopqrstuvwxyz"
-                                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                          "0123456789_.-") != strlen(v)) {
-            return bad(o->name, v, "a job id is 1-64 characters of A-Z a-z 0-9 _ . -");
-        }
-        snprintf(cfg->job, sizeof(cfg->job), "%s", v);
-        break;
-    case O_RDZV_CONF:
-        return parse_rdzv_conf(cfg, v, src);
-    case O_STANDALONE:
-        cfg->standalone = true;
-        break;
+    case O_RDZV_ID: ok = store(p->job, sizeof(p->job), v); break;
+    case O_RDZV_CONF: return parse_rdzv_conf(p, v, strcmp(src, "flag") ? src : "--rdzv-conf");
+    case O_STANDALONE: p->standalone = true; break;
     case O_MAX_RESTARTS:
-        if (!parse_int(v, 0, 1000000, &n)) {
-            return bad(o->name, v, "expected a count from 0");
+        if (!parse_int(v, &p->max_restarts)) {
+            return bad_src(o, src, v, "expected a count from 0");
         }
-        cfg->max_restarts = (int)n;
         break;
     case O_MONITOR:
-        if (!parse_seconds(v, 0.001, 3600, &cfg->monitor_ms)) {
-            return bad(o->name, v, "expected seconds in 0.001..3600");
-        }
-        break;
     case O_GRACE:
-        if (!parse_seconds(v, 0, 3600, &cfg->grace_ms)) {
-            return bad(o->name, v, "expected seconds in 0..3600");
+        if (!parse_seconds(v, o->id == O_MONITOR ? &p->monitor_ms : &p->grace_ms)) {
+            return bad_src(o, src, v, "expected a number of seconds");
         }
         break;
-    case O_ROLE:
-        snprintf(cfg->role, sizeof(cfg->role), "%s", v);
-        break;
-    case O_LOG_DIR:
-        snprintf(cfg->log_dir, sizeof(cfg->log_dir), "%s", v);
-        break;
+    case O_ROLE: ok = store(p->role, sizeof(p->role), v); break;
+    case O_LOG_DIR: ok = store(p->log_dir, sizeof(p->log_dir), v); break;
     case O_REDIRECTS:
     case O_TEE:
-        if (!parse_int(v, 0, 3, &n)) {
-            return bad(o->name, v, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
+        if (!parse_int(v, o->id == O_TEE ? &p->tee : &p->redirects)) {
+            return bad_src(o, src, v, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
                                    "per-rank maps are not supported");
         }
-        if (o->id == O_TEE) {
-            cfg->tee = (int)n;
-        } else {
-            cfg->redirects = (int)n;
+        break;
+    case O_LOCAL_ADDR: ok = store(p->local_addr, sizeof(p->local_addr), v); break;
+    case O_NO_PYTHON: p->no_python = true; break;
+    case O_MODULE: p->module = true; break;
+    case O_NODE_RANK: {
+        int n;
+        if (!parse_int(v, &n) || n < 0 || n > RG_RDZV_MAX_NODES) {
+            return bad_src(o, src, v, "expected a node rank");
         }
         break;
-    case O_LOCAL_ADDR:
-        snprintf(cfg->local_addr, sizeof(cfg->local_addr), "%s", v);
-        break;
-    case O_NO_PYTHON:
-        cfg->no_python = true;
-        break;
-    case O_MODULE:
-        cfg->module = true;
-        break;
-    case O_NODE_RANK:
-        if (!parse_int(v, 0, RG_RDZV_MAX_NODES, &n)) {
-            return bad(o->name, v, "expected a node rank");
-        }
-        break;
-    case O_PRINT_CONFIG:
-        cfg->print_config = true;
-        break;
+    }
+    case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:
     case O_COUNT:
         break;
     }
-    return 0;
+    return ok ? 0 : bad_src(o, src, v, "too long");
 }
 
 static const opt_t *find_long(const char *name, size_t len)
@@ -324,157 +316,99 @@ static const opt_t *find_long(const char *name, size_t len)
     return NULL;
 }
 
-static bool is_loopback_endpoint(const char *ep)
+/* One argument (and perhaps the next, its value): 0, 1 (help), 2 (error), or -1 for the end
+ * of the options. */
+static int parse_arg(int argc, char **argv, int *i, rg_agent_params_t *p, bool *seen,
+                     bool *print_config)
 {
-    return strstr(ep, "127.") != NULL || strstr(ep, "localhost") != NULL ||
-           strstr(ep, "[::1]") != NULL;
+    const char *a = argv[*i];
+    const opt_t *o = NULL;
+    const char *v = NULL;
+
+    if (a[0] != '-' || a[1] == '\0') {
+        return -1;   /* the program */
+    }
+    if (a[1] != '-') {
+        for (size_t k = 0; k < RG_ARRAY_SIZE(opts); k++) {
+            if (opts[k].short_name == a[1]) {
+                o = &opts[k];
+            }
+        }
+        if (o == NULL) {
+            return bad(a + 1, NULL, "unknown option");
+        }
+        v = a[2] ? a + 2 : NULL;
+    } else {
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        o = find_long(name, eq ? (size_t)(eq - name) : strlen(name));
+        if (o == NULL) {
+            fprintf(stderr, "regroup: %s: unknown option (see regroup --help)\n", a);
+            return 2;
+        }
+        v = eq ? eq + 1 : NULL;
+    }
+    if (o->id == O_HELP) {
+        launcher_usage(stdout);
+        return 1;
+    }
+    if (o->value && v == NULL) {
+        if (*i + 1 >= argc) {
+            return bad(o->name, NULL, "needs a value");
+        }
+        v = argv[++*i];
+    } else if (!o->value && v != NULL) {
+        return bad(o->name, v, "takes no value");
+    }
+    if (seen[o->id] && o->id != O_RDZV_CONF) {
+        return bad(o->name, v, "given twice");
+    }
+    seen[o->id] = true;
+    return apply(p, o, v ? v : "", "flag", print_config);
 }
 
-int launcher_parse(int argc, char **argv, launcher_config_t *cfg)
+int launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_config)
 {
     bool seen[O_COUNT] = {false};
     int i;
     int rc;
 
-    memset(cfg, 0, sizeof(*cfg));
-    memset(sources, 0, sizeof(sources));
-    cfg->min_nodes = cfg->max_nodes = 1;
-    cfg->nproc = 1;
-    snprintf(cfg->job, sizeof(cfg->job), "none");
-    cfg->last_call_ms = 1000;
-    cfg->join_timeout_ms = 600000;
-    cfg->lease_ttl_s = 5;
-    cfg->monitor_ms = 1000;
-    cfg->grace_ms = 5000;
-    snprintf(cfg->role, sizeof(cfg->role), "default");
-
+    rg_agent_params_init(p);
+    *print_config = false;
     for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const opt_t *o = NULL;
-        const char *v = NULL;
-
-        if (strcmp(a, "--") == 0) {
+        if (strcmp(argv[i], "--") == 0) {
             i++;
             break;
         }
-        if (a[0] != '-' || a[1] == '\0') {
-            break;   /* the program */
+        rc = parse_arg(argc, argv, &i, p, seen, print_config);
+        if (rc < 0) {
+            break;
         }
-        if (a[1] != '-') {
-            for (size_t k = 0; k < RG_ARRAY_SIZE(opts); k++) {
-                if (opts[k].short_name == a[1]) {
-                    o = &opts[k];
-                }
-            }
-            if (o == NULL) {
-                return bad(a + 1, NULL, "unknown option");
-            }
-            v = a[2] ? a + 2 : NULL;
-        } else {
-            const char *name = a + 2;
-            const char *eq = strchr(name, '=');
-            o = find_long(name, eq ? (size_t)(eq - name) : strlen(name));
-            if (o == NULL) {
-                fprintf(stderr, "regroup: %s: unknown option (see regroup --help)\n", a);
-                return 2;
-            }
-            v = eq ? eq + 1 : NULL;
-        }
-        if (o->id == O_HELP) {
-            launcher_usage(stdout);
-            return 1;
-        }
-        if (o->value && v == NULL) {
-            if (i + 1 >= argc) {
-                return bad(o->name, NULL, "needs a value");
-            }
-            v = argv[++i];
-        } else if (!o->value && v != NULL) {
-            return bad(o->name, v, "takes no value");
-        }
-        if (seen[o->id] && o->id != O_RDZV_CONF) {
-            return bad(o->name, v, "given twice");
-        }
-        seen[o->id] = true;
-        rc = apply(cfg, o, v ? v : "", "flag");
         if (rc != 0) {
             return rc;
         }
     }
-    /* REGROUP_* variables for what the flags left unset. */
+    /* REGROUP_* variables for what the flags left unset. --standalone decides the endpoint:
+     * a REGROUP_RDZV_ENDPOINT in the environment does not contradict it. */
     for (size_t k = 0; k < RG_ARRAY_SIZE(opts); k++) {
         const char *env = opts[k].env ? getenv(opts[k].env) : NULL;
-        if (env != NULL && env[0] != '\0' && !seen[opts[k].id]) {
-            rc = apply(cfg, &opts[k], env, opts[k].env);
-            if (rc != 0) {
-                return rc;
-            }
+        if (env == NULL || env[0] == '\0' || seen[opts[k].id] ||
+            (opts[k].id == O_RDZV_ENDPOINT && p->standalone)) {
+            continue;
+        }
+        rc = apply(p, &opts[k], env, opts[k].env, print_config);
+        if (rc != 0) {
+            return rc;
         }
     }
-    cfg->argc = argc - i;
-    cfg->argv = argv + i;
-    if (cfg->print_config) {
+    p->argc = argc - i;
+    p->argv = argv + i;
+    if (*print_config) {
         return 0;
     }
-    if (cfg->argc == 0) {
-        fprintf(stderr, "regroup: no PROGRAM given (see regroup --help)\n");
+    if (rg_agent_params_check(p) != RG_OK) {
+        fprintf(stderr, "regroup: %s (see regroup --help)\n", rg_last_error());
         return 2;
-    }
-    if (cfg->standalone) {
-        if (seen[O_RDZV_ENDPOINT]) {
-            return bad("standalone", NULL, "contradicts --rdzv-endpoint (it starts its own etcd)");
-        }
-        if (cfg->max_nodes != 1) {
-            return bad("standalone", NULL, "is for a single node; --nnodes must be 1");
-        }
-    } else if (cfg->endpoint[0] == '\0') {
-        fprintf(stderr, "regroup: --rdzv-endpoint is required (or --standalone for one node)\n");
-        return 2;
-    }
-    if (cfg->log_dir[0] == '\0' && (cfg->redirects || cfg->tee)) {
-        return bad(cfg->tee ? "tee" : "redirects", NULL, "needs --log-dir");
-    }
-    if ((cfg->cert[0] == '\0') != (cfg->key[0] == '\0')) {
-        return bad("rdzv-conf", NULL, "cert and key go together");
-    }
-    if ((cfg->user[0] == '\0') != (cfg->password[0] == '\0')) {
-        return bad("rdzv-conf", NULL, "user and password go together");
-    }
-    if (cfg->local_addr[0] == '\0') {
-        if (cfg->standalone || is_loopback_endpoint(cfg->endpoint)) {
-            snprintf(cfg->local_addr, sizeof(cfg->local_addr), "127.0.0.1");
-        } else if (gethostname(cfg->local_addr, sizeof(cfg->local_addr)) != 0) {
-            snprintf(cfg->local_addr, sizeof(cfg->local_addr), "127.0.0.1");
-        }
     }
     return 0;
-}
-
-void launcher_print_config(const launcher_config_t *c, FILE *out)
-{
-#define SRC(id) (sources[id] ? sources[id] : "default")
-    fprintf(out, "%-20s %-40s %s\n", "setting", "value", "from");
-    fprintf(out, "%-20s %d:%-38d %s\n", "nnodes", c->min_nodes, c->max_nodes, SRC(O_NNODES));
-    fprintf(out, "%-20s %-40d %s\n", "nproc_per_node", c->nproc, SRC(O_NPROC));
-    fprintf(out, "%-20s %-40s %s\n", "rdzv_endpoint",
-            c->standalone ? "(private etcd)" : c->endpoint, SRC(O_RDZV_ENDPOINT));
-    fprintf(out, "%-20s %-40s %s\n", "rdzv_id", c->job, SRC(O_RDZV_ID));
-    fprintf(out, "%-20s %-40.3f %s\n", "last_call_timeout", (double)c->last_call_ms / 1000,
-            sources[S_LAST_CALL] ? sources[S_LAST_CALL] : "default");
-    fprintf(out, "%-20s %-40.3f %s\n", "join_timeout", (double)c->join_timeout_ms / 1000,
-            sources[S_JOIN_TIMEOUT] ? sources[S_JOIN_TIMEOUT] : "default");
-    fprintf(out, "%-20s %-40lld %s\n", "lease_ttl", (long long)c->lease_ttl_s,
-            sources[S_LEASE_TTL] ? sources[S_LEASE_TTL] : "default");
-    fprintf(out, "%-20s %-40d %s\n", "max_restarts", c->max_restarts, SRC(O_MAX_RESTARTS));
-    fprintf(out, "%-20s %-40.3f %s\n", "monitor_interval", (double)c->monitor_ms / 1000,
-            SRC(O_MONITOR));
-    fprintf(out, "%-20s %-40.3f %s\n", "grace_period", (double)c->grace_ms / 1000, SRC(O_GRACE));
-    fprintf(out, "%-20s %-40s %s\n", "role", c->role, SRC(O_ROLE));
-    fprintf(out, "%-20s %-40s %s\n", "log_dir", c->log_dir[0] ? c->log_dir : "(none)",
-            SRC(O_LOG_DIR));
-    fprintf(out, "%-20s %-40d %s\n", "redirects", c->redirects, SRC(O_REDIRECTS));
-    fprintf(out, "%-20s %-40d %s\n", "tee", c->tee, SRC(O_TEE));
-    fprintf(out, "%-20s %-40s %s\n", "local_addr", c->local_addr[0] ? c->local_addr : "(auto)",
-            SRC(O_LOCAL_ADDR));
-#undef SRC
 }

@@ -7,7 +7,9 @@ int launcher_status_main(int argc, char **argv)
 {
     const char *endpoint = NULL;
     const char *job = NULL;
-    static launcher_config_t cfg; /* only its --rdzv-conf fields */
+    static rg_agent_params_t cfg; /* only its --rdzv-conf fields */
+
+    rg_agent_params_init(&cfg);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -49,12 +49,18 @@ static void env_free(worker_env_t *e)
     e->envp = NULL;
 }
 
-static bool env_overridden(const worker_env_t *e, const char *entry)
+static bool same_name(const char *a, const char *b)
 {
-    const char *eq = strchr(entry, '=');
-    size_t len = eq ? (size_t)(eq - entry) + 1 : strlen(entry);
-    for (int i = 0; i < e->n; i++) {
-        if (strncmp(e->vars[i], entry, len) == 0) {
+    const char *eq = strchr(a, '=');
+    size_t len = eq ? (size_t)(eq - a) + 1 : strlen(a);
+    return strncmp(a, b, len) == 0;
+}
+
+/* True if entry's variable is one of vars[0..n-1]. */
+static bool env_in(char *const *vars, int n, const char *entry)
+{
+    for (int i = 0; i < n; i++) {
+        if (same_name(entry, vars[i])) {
             return true;
         }
     }
@@ -66,7 +72,7 @@ extern char **environ;
 static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
                              const launcher_worker_t *w)
 {
-    const launcher_config_t *cfg = sp->cfg;
+    const rg_agent_params_t *cfg = sp->cfg;
     const rg_rdzv_assignment_t *a = sp->asg;
     size_t n_environ = 0;
     size_t k = 0;
@@ -106,21 +112,29 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     }
     env_add(e, "REGROUP_JOB_ID", "%s", cfg->job);
     env_add(e, "REGROUP_ROUND", "%d", a->round);
-    env_add(e, "REGROUP_NODE_ADDR", "%s", cfg->local_addr);
+    env_add(e, "REGROUP_NODE_ADDR", "%s", sp->local_addr);
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
     while (environ[n_environ] != NULL) {
         n_environ++;
     }
-    e->envp = calloc(n_environ + (size_t)e->n + 1, sizeof(char *));
+    e->envp = calloc(n_environ + (size_t)cfg->n_env + (size_t)e->n + 1, sizeof(char *));
     if (e->envp == NULL) {
         env_free(e);
         return rg_error(RG_ENOMEM, "worker environment");
     }
+    /* This process's environment, then the caller's entries, then torchrun's variables; each
+     * replaces the variables of the same name before it. */
+    char *const *extra = (char *const *)cfg->env;
     for (size_t i = 0; i < n_environ; i++) {
-        if (!env_overridden(e, environ[i])) {
+        if (!env_in(e->vars, e->n, environ[i]) && !env_in(extra, cfg->n_env, environ[i])) {
             e->envp[k++] = environ[i];
+        }
+    }
+    for (int i = 0; i < cfg->n_env; i++) {
+        if (!env_in(e->vars, e->n, extra[i])) {
+            e->envp[k++] = extra[i];
         }
     }
     for (int i = 0; i < e->n; i++) {
@@ -155,7 +169,7 @@ static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, co
 {
     char dir[1024];
     char path[1100];
-    const launcher_config_t *cfg = sp->cfg;
+    const rg_agent_params_t *cfg = sp->cfg;
     snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", cfg->log_dir, cfg->job,
              sp->asg->round, w->rank);
     /* mkdir -p, bounded by the path's depth */
@@ -178,7 +192,7 @@ static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, co
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                    const sigset_t *child_mask)
 {
-    const launcher_config_t *cfg = sp->cfg;
+    const rg_agent_params_t *cfg = sp->cfg;
     pid_t agent = getpid();
     char *args[cfg->argc + 4];
     int k = 0;
@@ -274,7 +288,7 @@ static void tail_push(launcher_worker_t *w, const char *line, size_t len)
 }
 
 static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_t len,
-                      const launcher_config_t *cfg)
+                      const rg_agent_params_t *cfg)
 {
     int bit = is_err ? 2 : 1;
     FILE *log = is_err ? w->err_log : w->out_log;
@@ -297,7 +311,7 @@ static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_
 
 /* Moves complete lines out of buf (and everything when flush, or when the line is full). */
 static void split_lines(launcher_worker_t *w, bool is_err, char *buf, size_t *len, bool flush,
-                        const launcher_config_t *cfg)
+                        const rg_agent_params_t *cfg)
 {
     size_t start = 0;
     for (size_t i = 0; i < *len; i++) {
@@ -314,7 +328,7 @@ static void split_lines(launcher_worker_t *w, bool is_err, char *buf, size_t *le
     *len -= start;
 }
 
-static bool pump_fd(launcher_worker_t *w, bool is_err, const launcher_config_t *cfg)
+static bool pump_fd(launcher_worker_t *w, bool is_err, const rg_agent_params_t *cfg)
 {
     int *fd = is_err ? &w->err_fd : &w->out_fd;
     char *buf = is_err ? w->err_line : w->out_line;
@@ -339,7 +353,7 @@ static bool pump_fd(launcher_worker_t *w, bool is_err, const launcher_config_t *
     return true;
 }
 
-void launcher_workers_pump(launcher_workers_t *ws, int fd, const launcher_config_t *cfg)
+void launcher_workers_pump(launcher_workers_t *ws, int fd, const rg_agent_params_t *cfg)
 {
     for (int i = 0; i < ws->n; i++) {
         if (ws->w[i].out_fd == fd) {
@@ -350,7 +364,7 @@ void launcher_workers_pump(launcher_workers_t *ws, int fd, const launcher_config
     }
 }
 
-static void worker_close(launcher_worker_t *w, const launcher_config_t *cfg)
+static void worker_close(launcher_worker_t *w, const rg_agent_params_t *cfg)
 {
     /* Drain what is left in the pipes so no output is lost. */
     pump_fd(w, false, cfg);
@@ -399,7 +413,7 @@ int launcher_workers_reap(launcher_workers_t *ws, int *failed)
 }
 
 void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
-                           const launcher_config_t *cfg)
+                           const rg_agent_params_t *cfg)
 {
     rg_deadline_t deadline = rg_deadline_in_ms(grace_ms);
     int failed;
@@ -432,7 +446,7 @@ void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
     }
 }
 
-void launcher_workers_drain(launcher_workers_t *ws, int i, const launcher_config_t *cfg)
+void launcher_workers_drain(launcher_workers_t *ws, int i, const rg_agent_params_t *cfg)
 {
     pump_fd(&ws->w[i], false, cfg);
     pump_fd(&ws->w[i], true, cfg);

@@ -404,6 +404,59 @@ START_TEST(test_bad_options)
 }
 END_TEST
 
+/* Runs `regroup ARGS` through the shell; its output (both streams) into out. */
+static int run_cmd(const char *args, char *out, size_t len)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", REGROUP_BIN, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    return WEXITSTATUS(pclose(p));
+}
+
+/* Each row says where its value came from: a flag, --rdzv-conf, a variable, the default. */
+START_TEST(test_print_config_sources)
+{
+    char out[4096];
+    setenv("REGROUP_MAX_RESTARTS", "4", 1);
+    int rc = run_cmd("--print-config --nproc-per-node=2 --rdzv-conf=lease_ttl=7 --standalone",
+                     out, sizeof(out));
+    unsetenv("REGROUP_MAX_RESTARTS");
+    ck_assert_int_eq(rc, 0);
+    static const char *const rows[][3] = {
+        {"nproc_per_node", "2", "flag"},
+        {"lease_ttl", "7", "--rdzv-conf"},
+        {"max_restarts", "4", "REGROUP_MAX_RESTARTS"},
+        {"role", "default", "default"},
+        {"rdzv_endpoint", "(private etcd)", "default"},
+    };
+    for (size_t i = 0; i < RG_ARRAY_SIZE(rows); i++) {
+        char want[256];
+        snprintf(want, sizeof(want), "%-20s %-40s %s\n", rows[i][0], rows[i][1], rows[i][2]);
+        ck_assert_msg(strstr(out, want) != NULL, "no row '%s' in:\n%s", want, out);
+    }
+}
+END_TEST
+
+/* A bad value from the environment is named as the variable, not as a flag. */
+START_TEST(test_bad_environment_names_the_variable)
+{
+    char out[2048];
+    setenv("REGROUP_NPROC_PER_NODE", "0", 1);
+    int rc = run_cmd("--standalone /bin/true", out, sizeof(out));
+    unsetenv("REGROUP_NPROC_PER_NODE");
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(out, "REGROUP_NPROC_PER_NODE=0") != NULL, "%s", out);
+    setenv("REGROUP_RDZV_CONF", "lease_ttl=0", 1);
+    rc = run_cmd("--standalone /bin/true", out, sizeof(out));
+    unsetenv("REGROUP_RDZV_CONF");
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(out, "REGROUP_RDZV_CONF lease_ttl=0") != NULL, "%s", out);
+}
+END_TEST
+
 START_TEST(test_etcd_unreachable)
 {
     char ep[64];
@@ -457,6 +510,8 @@ int main(void)
     tcase_add_checked_fixture(tc2, setup_dir, down_dir);
     tcase_add_test(tc2, test_standalone_leaves_nothing);
     tcase_add_test(tc2, test_bad_options);
+    tcase_add_test(tc2, test_print_config_sources);
+    tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);

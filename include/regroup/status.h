@@ -34,6 +34,7 @@ extern "C" {
     X(EPERM,      -11, "permission denied") \
     X(ESERVER,    -12, "server refused the request") \
     X(ESYS,       -13, "system call failed") \
+    X(EJOBFAILED, -14, "job failed: workers failed more than the restarts allowed") \
     X(ETIMEDOUT,  -20, "timed out") \
     X(EUNREACH,   -21, "unreachable") \
     X(EAGAIN,     -22, "temporarily unavailable") \

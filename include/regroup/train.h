@@ -158,8 +158,8 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
 typedef rg_status_t (*rg_train_fn_t)(rg_train_ctx_t *ctx, void *arg);
 
 typedef struct {
-    int         num_workers;     /* workers on this machine, >= 1 */
-    int         max_failures;    /* worker failures tolerated (restarts) */
+    int         num_workers;     /* workers on this machine, 1..256 */
+    int         max_failures;    /* worker failures tolerated (restarts), >= 0 */
     bool        use_gpu;         /* refused with RG_ENOTSUP: workers run on CPUs only */
     const char *ckpt_root;       /* required */
     unsigned    keep_last;       /* checkpoints kept; 0 = 3 */
@@ -170,14 +170,21 @@ typedef struct {
 /*
  * Runs fn on num_workers local workers with a private etcd: the same machinery as
  * `regroup --standalone` (restarts, checkpoints, resume). Called in the program's main: in
- * the driver it starts the workers (re-running this program with argv), blocks until the job
- * ends and returns RG_OK if every worker finished fn successfully, RG_EPEER if the job failed
- * (more than max_failures worker failures, or the agent could not run it: its log says why),
- * RG_EINVAL or RG_ENOTSUP for a bad scaling config. It sets REGROUP_CKPT_DIR and
- * REGROUP_CKPT_KEEP in the driver's environment for the workers. In a worker it never
- * returns: it makes the context (rg_train_init), runs fn, prints rg_last_error() if fn
- * failed, finalizes and exits the process, with status 0 if fn returned RG_OK and 1
- * otherwise. The caller keeps scaling and arg.
+ * the driver it starts the workers (re-running this program) and returns when the job ends;
+ * in a worker it runs fn and exits the process with fn's result (0 for RG_OK, else 1).
+ * The driver returns, with the reason in rg_last_error():
+ *   RG_OK          every worker finished fn successfully
+ *   RG_EINVAL      a bad scaling config, naming the field ("rg_scaling_config_t.num_workers=0")
+ *   RG_ENOTSUP     use_gpu
+ *   RG_EJOBFAILED  the workers failed more than max_failures times
+ *   RG_ECANCELED   SIGTERM, SIGINT or SIGHUP reached the driver: the workers were stopped
+ *   RG_EUNREACH, RG_ETIMEDOUT, ...  the private etcd or the rendezvous could not start
+ *   RG_ESYS        the workers could not be started
+ * The driver's environment is left as it was (the workers get theirs from the launcher), and
+ * so are its signal mask and SIGPIPE disposition, which change only while it runs. Blocks.
+ * In a worker it never returns: it makes the context (rg_train_init), runs fn, prints
+ * rg_last_error() if fn failed, finalizes and exits the process. The caller keeps scaling
+ * and arg.
  */
 rg_status_t rg_trainer_fit(rg_train_fn_t fn, void *arg, const rg_scaling_config_t *scaling)
     RG_TRAIN_NODISCARD;

@@ -1,0 +1,280 @@
+/*
+ * The agent's parameters: defaults, the one validation both front ends go through, and
+ * --print-config. A bad value is named as its source gave it, so the user of the command
+ * reads the option or variable and the user of rg_trainer_fit reads the struct field.
+ */
+#include "launcher.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+typedef enum { K_INT, K_NODES, K_MS, K_SEC, K_STR, K_BOOL, K_SECRET, K_OTHER } kind_t;
+
+typedef struct {
+    const char *key;      /* --print-config's name, and the name used when from is NULL */
+    const char *flag;     /* the option, without "--" */
+    const char *conf;     /* the --rdzv-conf key, NULL if none */
+    kind_t      kind;
+    bool        printed;  /* a --print-config row */
+} field_t;
+
+static const field_t fields[RG_AGENT_NFIELDS] = {
+    [RG_AGENT_NNODES] = {"nnodes", "nnodes", NULL, K_NODES, true},
+    [RG_AGENT_NPROC] = {"nproc_per_node", "nproc-per-node", NULL, K_INT, true},
+    [RG_AGENT_ENDPOINT] = {"rdzv_endpoint", "rdzv-endpoint", NULL, K_STR, true},
+    [RG_AGENT_JOB] = {"rdzv_id", "rdzv-id", NULL, K_STR, true},
+    [RG_AGENT_LAST_CALL] = {"last_call_timeout", "rdzv-conf", "last_call_timeout", K_MS, true},
+    [RG_AGENT_JOIN_TIMEOUT] = {"join_timeout", "rdzv-conf", "join_timeout", K_MS, true},
+    [RG_AGENT_LEASE_TTL] = {"lease_ttl", "rdzv-conf", "lease_ttl", K_SEC, true},
+    [RG_AGENT_MAX_RESTARTS] = {"max_restarts", "max-restarts", NULL, K_INT, true},
+    [RG_AGENT_MONITOR] = {"monitor_interval", "monitor-interval", NULL, K_MS, true},
+    [RG_AGENT_GRACE] = {"grace_period", "grace-period", "grace_period", K_MS, true},
+    [RG_AGENT_ROLE] = {"role", "role", NULL, K_STR, true},
+    [RG_AGENT_LOG_DIR] = {"log_dir", "log-dir", NULL, K_STR, true},
+    [RG_AGENT_REDIRECTS] = {"redirects", "redirects", NULL, K_INT, true},
+    [RG_AGENT_TEE] = {"tee", "tee", NULL, K_INT, true},
+    [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
+    [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
+    [RG_AGENT_USER] = {"user", "rdzv-conf", "user", K_STR, false},
+    [RG_AGENT_PASSWORD] = {"password", "rdzv-conf", "password", K_SECRET, false},
+    [RG_AGENT_CACERT] = {"cacert", "rdzv-conf", "cacert", K_STR, false},
+    [RG_AGENT_CERT] = {"cert", "rdzv-conf", "cert", K_STR, false},
+    [RG_AGENT_KEY] = {"key", "rdzv-conf", "key", K_STR, false},
+    [RG_AGENT_NO_PYTHON] = {"no_python", "no-python", NULL, K_BOOL, false},
+    [RG_AGENT_MODULE] = {"module", "module", NULL, K_BOOL, false},
+    [RG_AGENT_PROGRAM] = {"program", "PROGRAM", NULL, K_OTHER, false},
+    [RG_AGENT_ENV] = {"env", "env", NULL, K_OTHER, false},
+};
+
+void rg_agent_params_init(rg_agent_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->min_nodes = p->max_nodes = 1;
+    p->nproc = 1;
+    snprintf(p->job, sizeof(p->job), "none");
+    p->last_call_ms = 1000;
+    p->join_timeout_ms = 600000;
+    p->lease_ttl_s = 5;
+    p->monitor_ms = 1000;
+    p->grace_ms = 5000;
+    snprintf(p->role, sizeof(p->role), "default");
+}
+
+static int64_t ms_of(const rg_agent_params_t *p, rg_agent_field_t f)
+{
+    switch (f) {
+    case RG_AGENT_LAST_CALL: return p->last_call_ms;
+    case RG_AGENT_JOIN_TIMEOUT: return p->join_timeout_ms;
+    case RG_AGENT_MONITOR: return p->monitor_ms;
+    default: return p->grace_ms;
+    }
+}
+
+/* The value of f as a user would have written it. */
+static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf, size_t len)
+{
+    switch (f) {
+    case RG_AGENT_NNODES:
+        if (p->min_nodes == p->max_nodes) {
+            snprintf(buf, len, "%d", p->min_nodes);
+        } else {
+            snprintf(buf, len, "%d:%d", p->min_nodes, p->max_nodes);
+        }
+        break;
+    case RG_AGENT_NPROC: snprintf(buf, len, "%d", p->nproc); break;
+    case RG_AGENT_MAX_RESTARTS: snprintf(buf, len, "%d", p->max_restarts); break;
+    case RG_AGENT_REDIRECTS: snprintf(buf, len, "%d", p->redirects); break;
+    case RG_AGENT_TEE: snprintf(buf, len, "%d", p->tee); break;
+    case RG_AGENT_LEASE_TTL: snprintf(buf, len, "%lld", (long long)p->lease_ttl_s); break;
+    case RG_AGENT_LAST_CALL:
+    case RG_AGENT_JOIN_TIMEOUT:
+    case RG_AGENT_MONITOR:
+    case RG_AGENT_GRACE: snprintf(buf, len, "%g", (double)ms_of(p, f) / 1000); break;
+    case RG_AGENT_ENDPOINT: snprintf(buf, len, "%s", p->endpoint); break;
+    case RG_AGENT_JOB: snprintf(buf, len, "%s", p->job); break;
+    case RG_AGENT_ROLE: snprintf(buf, len, "%s", p->role); break;
+    case RG_AGENT_LOG_DIR: snprintf(buf, len, "%s", p->log_dir); break;
+    case RG_AGENT_LOCAL_ADDR: snprintf(buf, len, "%s", p->local_addr); break;
+    case RG_AGENT_USER: snprintf(buf, len, "%s", p->user); break;
+    case RG_AGENT_CACERT: snprintf(buf, len, "%s", p->cacert); break;
+    case RG_AGENT_CERT: snprintf(buf, len, "%s", p->cert); break;
+    case RG_AGENT_KEY: snprintf(buf, len, "%s", p->key); break;
+    case RG_AGENT_PASSWORD: snprintf(buf, len, "***"); break;
+    default: snprintf(buf, len, "%s", ""); break;
+    }
+}
+
+void rg_agent_params_label(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
+                           size_t len)
+{
+    const field_t *d = &fields[f];
+    const char *from = p->from[f];
+    char v[1100];
+
+    value_str(p, f, v, sizeof(v));
+    if (d->kind == K_OTHER) {
+        snprintf(buf, len, "%s", from && strcmp(from, "flag") != 0 ? from : d->flag);
+    } else if (from == NULL) {
+        snprintf(buf, len, "%s%s%s", d->key, d->kind == K_BOOL ? "" : "=", v);
+    } else if (strcmp(from, "flag") == 0) {
+        snprintf(buf, len, "--%s%s%s", d->flag, d->kind == K_BOOL ? "" : "=", v);
+    } else if (d->conf != NULL &&
+               (strcmp(from, "--rdzv-conf") == 0 || strcmp(from, "REGROUP_RDZV_CONF") == 0)) {
+        snprintf(buf, len, "%s %s=%s", from, d->conf, v);
+    } else if (d->kind == K_BOOL) {
+        snprintf(buf, len, "%s (%s)", d->key, from);
+    } else {
+        snprintf(buf, len, "%s=%s", from, v);
+    }
+}
+
+#define BAD(f, ...) bad_value(p, (f), __VA_ARGS__)
+
+static rg_status_t bad_value(const rg_agent_params_t *p, rg_agent_field_t f, const char *fmt,
+                             ...) RG_PRINTF(3, 4);
+static rg_status_t bad_value(const rg_agent_params_t *p, rg_agent_field_t f, const char *fmt,
+                             ...)
+{
+    char label[1200];
+    char why[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    rg_agent_params_label(p, f, label, sizeof(label));
+    return rg_error(RG_EINVAL, "%s: %s", label, why);
+}
+
+static bool job_id_ok(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= 64 &&
+           strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == n;
+}
+
+static rg_status_t check_program(const rg_agent_params_t *p)
+{
+    if (p->argc < 1 || p->argv == NULL || p->argv[0] == NULL || p->argv[0][0] == '\0') {
+        return rg_error(RG_EINVAL, "no PROGRAM given");
+    }
+    for (int i = 0; i < p->argc; i++) {
+        if (p->argv[i] == NULL) {
+            return BAD(RG_AGENT_PROGRAM, "an argument is NULL");
+        }
+    }
+    if (p->n_env < 0 || p->n_env > RG_AGENT_MAX_ENV || (p->n_env > 0 && p->env == NULL)) {
+        return BAD(RG_AGENT_ENV, "expected 0 to 64 entries");
+    }
+    for (int i = 0; i < p->n_env; i++) {
+        const char *eq = p->env[i] ? strchr(p->env[i], '=') : NULL;
+        if (eq == NULL || eq == p->env[i]) {
+            return rg_error(RG_EINVAL, "env[%d] '%s': expected NAME=VALUE", i,
+                            p->env[i] ? p->env[i] : "(null)");
+        }
+    }
+    return RG_OK;
+}
+
+rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
+{
+    if (p->min_nodes < 1 || p->max_nodes < 1 || p->min_nodes > RG_RDZV_MAX_NODES ||
+        p->max_nodes > RG_RDZV_MAX_NODES) {
+        return BAD(RG_AGENT_NNODES, "expected N or MIN:MAX with 1 <= N <= 256");
+    }
+    if (p->min_nodes > p->max_nodes) {
+        return BAD(RG_AGENT_NNODES, "MIN is larger than MAX");
+    }
+    if (p->nproc < 1 || p->nproc > LAUNCHER_MAX_NPROC) {
+        return BAD(RG_AGENT_NPROC, "expected a number of workers from 1 to 256");
+    }
+    if (!job_id_ok(p->job)) {
+        return BAD(RG_AGENT_JOB, "a job id is 1-64 characters of A-Z a-z 0-9 _ . -");
+    }
+    if (p->last_call_ms < 0 || p->last_call_ms > 3600000) {
+        return BAD(RG_AGENT_LAST_CALL, "must be 0..3600 seconds");
+    }
+    if (p->join_timeout_ms < 100 || p->join_timeout_ms > 86400000) {
+        return BAD(RG_AGENT_JOIN_TIMEOUT, "must be 0.1..86400 seconds");
+    }
+    if (p->lease_ttl_s < 1 || p->lease_ttl_s > 3600) {
+        return BAD(RG_AGENT_LEASE_TTL, "must be 1..3600 whole seconds");
+    }
+    if (p->max_restarts < 0 || p->max_restarts > 1000000) {
+        return BAD(RG_AGENT_MAX_RESTARTS, "expected a count from 0 to 1000000");
+    }
+    if (p->monitor_ms < 1 || p->monitor_ms > 3600000) {
+        return BAD(RG_AGENT_MONITOR, "expected seconds in 0.001..3600");
+    }
+    if (p->grace_ms < 0 || p->grace_ms > 3600000) {
+        return BAD(RG_AGENT_GRACE, "expected seconds in 0..3600");
+    }
+    if (p->redirects < 0 || p->redirects > 3) {
+        return BAD(RG_AGENT_REDIRECTS, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
+                                       "per-rank maps are not supported");
+    }
+    if (p->tee < 0 || p->tee > 3) {
+        return BAD(RG_AGENT_TEE, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
+                                 "per-rank maps are not supported");
+    }
+    if (p->standalone) {
+        if (p->endpoint[0] != '\0') {
+            char ep[1200];
+            rg_agent_params_label(p, RG_AGENT_ENDPOINT, ep, sizeof(ep));
+            return BAD(RG_AGENT_STANDALONE, "contradicts %s (it starts its own etcd)", ep);
+        }
+        if (p->max_nodes != 1) {
+            return BAD(RG_AGENT_STANDALONE, "is for a single node; --nnodes must be 1");
+        }
+    } else if (p->endpoint[0] == '\0') {
+        return rg_error(RG_EINVAL, "--rdzv-endpoint is required (or --standalone for one node)");
+    }
+    if (p->log_dir[0] == '\0' && (p->redirects || p->tee)) {
+        return BAD(p->tee ? RG_AGENT_TEE : RG_AGENT_REDIRECTS, "needs --log-dir");
+    }
+    if ((p->cert[0] == '\0') != (p->key[0] == '\0')) {
+        return BAD(p->cert[0] ? RG_AGENT_CERT : RG_AGENT_KEY, "cert and key go together");
+    }
+    if ((p->user[0] == '\0') != (p->password[0] == '\0')) {
+        return BAD(p->user[0] ? RG_AGENT_USER : RG_AGENT_PASSWORD,
+                   "user and password go together");
+    }
+    return check_program(p);
+}
+
+rg_etcd_params_t launcher_etcd_params(const rg_agent_params_t *p, const char *endpoints)
+{
+    return (rg_etcd_params_t){.endpoints = endpoints,
+                              .user = p->user[0] ? p->user : NULL,
+                              .password = p->password[0] ? p->password : NULL,
+                              .ca_file = p->cacert[0] ? p->cacert : NULL,
+                              .cert_file = p->cert[0] ? p->cert : NULL,
+                              .key_file = p->key[0] ? p->key : NULL};
+}
+
+void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
+{
+    fprintf(out, "%-20s %-40s %s\n", "setting", "value", "from");
+    for (int f = 0; f < RG_AGENT_NFIELDS; f++) {
+        const field_t *d = &fields[f];
+        const char *from = p->from[f] ? p->from[f] : "default";
+        char v[1100];
+        if (!d->printed) {
+            continue;
+        }
+        if (d->kind == K_MS) {
+            snprintf(v, sizeof(v), "%.3f", (double)ms_of(p, (rg_agent_field_t)f) / 1000);
+        } else if (f == RG_AGENT_NNODES) {
+            snprintf(v, sizeof(v), "%d:%d", p->min_nodes, p->max_nodes);
+        } else if (f == RG_AGENT_ENDPOINT && p->standalone) {
+            snprintf(v, sizeof(v), "(private etcd)");
+        } else {
+            value_str(p, (rg_agent_field_t)f, v, sizeof(v));
+        }
+        if (v[0] == '\0' && f == RG_AGENT_LOG_DIR) {
+            snprintf(v, sizeof(v), "(none)");
+        } else if (v[0] == '\0' && f == RG_AGENT_LOCAL_ADDR) {
+            snprintf(v, sizeof(v), "(auto)");
+        }
+        fprintf(out, "%-20s %-40s %s\n", d->key, v, from);
+    }
+}
