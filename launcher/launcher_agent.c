@@ -12,7 +12,6 @@
 #include "etcd_server.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,21 +42,6 @@ typedef struct {
     char                     endpoints[1024];
     char                     local_addr[256];
 } agent_t;
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void rm_tree(const char *dir)
-{
-    if (dir[0] != '\0') {
-        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    }
-}
 
 /* Handles what the signalfd says; returns true if the agent must stop. */
 static bool read_signals(agent_t *ag, bool *child)
@@ -330,7 +314,9 @@ out:
         rg_etcd_server_stop(etcd);
         free(etcd);
     }
-    rm_tree(ag->ws.run_dir);
+    if (ag->ws.run_dir[0] != '\0' && !rg_rm_tree(ag->ws.run_dir)) {
+        rg_warn("cannot remove the run directory %s", ag->ws.run_dir);
+    }
     rg_log_set_identity(-1, -1);   /* the rounds' identity is not the caller's */
     return st;
 }
