@@ -13,6 +13,7 @@
 #include <regroup/train.h>
 
 #include <check.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -72,26 +73,66 @@ static rg_status_t fn_block(rg_train_ctx_t *ctx, void *arg)
     return RG_OK;
 }
 
+/* Step 1's checkpoint fails in the background (a regular file stands where its directory
+ * goes); the report of step 2, with state, must return that failure. */
+static rg_status_t fn_ckpt_fails(rg_train_ctx_t *ctx, void *arg)
+{
+    char path[600];
+    int64_t v[4] = {1, 2, 3, 4};
+    rg_ckpt_tensor_t t = {.name = "v", .dtype = RG_DTYPE_I64, .ndim = 1, .shape = {4},
+                          .row_begin = 0, .row_count = 4, .data = v,
+                          .flags = RG_CKPT_REPLICATED};
+    rg_train_state_t state = {.tensors = &t, .n_tensors = 1};
+    rg_report_t rep = {.step = 1};
+
+    snprintf(path, sizeof(path), "%s/step-1", rg_train_ckpt_root(ctx));
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        return rg_error(RG_ESYS, "%s: cannot create", path);
+    }
+    fclose(f);
+    /* The background thread logs the failure just before it ends the save: stderr goes to a
+     * file until that line is there, so the next report finds the save ended. */
+    snprintf(path, sizeof(path), "%s/worker.err", (const char *)arg);
+    int err = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int saved = dup(2);
+    if (err < 0 || saved < 0 || dup2(err, 2) < 0) {
+        return rg_error(RG_ESYS, "%s: cannot redirect stderr", path);
+    }
+    rg_status_t first = rg_report(ctx, &rep, &state);
+    rg_deadline_t until = rg_deadline_in_ms(20000);
+    while (!test_file_contains(path, "checkpoint step 1 rank 0 failed") &&
+           !rg_deadline_passed(until)) {
+        rg_sleep_ms(1);
+    }
+    dup2(saved, 2);
+    close(saved);
+    close(err);
+    rep.step = 2;
+    rg_status_t second = rg_report(ctx, &rep, &state);
+    note(arg, "reports", "first=%s second=%s\n", rg_status_name(first),
+         rg_status_name(second));
+    return RG_OK;
+}
+
 static rg_train_fn_t fn_named(const char *name)
 {
-    return strcmp(name, "ok") == 0 ? fn_ok : strcmp(name, "fail") == 0 ? fn_fail : fn_block;
+    return strcmp(name, "ok") == 0 ? fn_ok : strcmp(name, "fail") == 0 ? fn_fail
+           : strcmp(name, "ckpt") == 0 ? fn_ckpt_fails : fn_block;
 }
 
 /* ---- the driver ----------------------------------------------------------------------- */
 
 static void setup(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/rg-trainer-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    test_tmpdir(dir, sizeof(dir), "trainer");
     snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
     ck_assert_int_eq(mkdir(ckpt, 0700), 0);
 }
 
 static void teardown(void)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    test_rmtree(dir);
 }
 
 static rg_scaling_config_t scaling(int workers, int max_failures, char **argv)
@@ -222,6 +263,20 @@ START_TEST(test_fit_fails_past_max_failures)
 }
 END_TEST
 
+/* A checkpoint that failed in the background is returned by the next report, even one with
+ * state that finds it already ended (it used to return the new save's RG_OK). */
+START_TEST(test_failed_checkpoint_is_reported)
+{
+    char path[512];
+    ck_assert_msg(fit("ckpt", 1, 0) == RG_OK, "%s", rg_last_error());
+    snprintf(path, sizeof(path), "%s/reports", dir);
+    ck_assert_msg(test_file_contains(path, "first=RG_OK "), "the first report (staging only) "
+                  "failed");
+    ck_assert_msg(test_file_contains(path, "second=RG_E"), "the report after a failed "
+                  "checkpoint did not return its failure");
+}
+END_TEST
+
 /* The private etcd cannot make its data directory. */
 START_TEST(test_fit_reports_that_etcd_cannot_start)
 {
@@ -233,6 +288,17 @@ START_TEST(test_fit_reports_that_etcd_cannot_start)
     ck_assert(!exists("ok.0"));
 }
 END_TEST
+
+static bool read_pid(const char *path, int *pid)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    bool ok = fscanf(f, "%d", pid) == 1 && *pid > 0;
+    fclose(f);
+    return ok;
+}
 
 /* SIGTERM to the driver: the workers are stopped and it returns RG_ECANCELED. */
 START_TEST(test_fit_returns_canceled_on_sigterm)
@@ -246,23 +312,7 @@ START_TEST(test_fit_returns_canceled_on_sigterm)
         _exit(st == RG_ECANCELED ? 0 : st == RG_OK ? 1 : 2);
     }
     snprintf(path, sizeof(path), "%s/started.0", dir);
-    uint64_t until = rg_now_ns() + 60000000000ull;
-    for (;;) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            int ok = fscanf(f, "%d", &worker);
-            fclose(f);
-            if (ok == 1 && worker > 0) {
-                break;
-            }
-        }
-        if (rg_now_ns() > until) {
-            kill(driver, SIGKILL);
-            waitpid(driver, NULL, 0);
-            ck_abort_msg("the worker did not start within 60 s");
-        }
-        rg_sleep_ms(20);
-    }
+    TEST_WAIT_UNTIL(read_pid(path, &worker), 60000, "the worker did not start within 60 s");
     kill(driver, SIGTERM);
     int rc = rg_proc_wait(driver, 30000);
     if (rc < 0) {
@@ -300,11 +350,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_fit_succeeds_and_leaves_the_process_as_it_was);
     tcase_add_loop_test(tc, test_fit_fails_past_max_failures, 0, 2);
     tcase_add_test(tc, test_fit_reports_that_etcd_cannot_start);
+    tcase_add_test(tc, test_failed_checkpoint_is_reported);
     tcase_add_test(tc, test_fit_returns_canceled_on_sigterm);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("trainer", s, NULL);
 }

@@ -295,7 +295,9 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     if (state == NULL || ctx->ckpt == NULL) {
         return st;
     }
-    prev = finish_save(ctx);   /* one save staged at a time */
+    /* One save staged at a time. A failure of the previous one found above is kept: it is
+     * the caller's only word that that checkpoint never landed. */
+    prev = st != RG_OK ? st : finish_save(ctx);
     size_t n = state->n_tensors + 1;
     rg_ckpt_tensor_t *t = calloc(n, sizeof(*t));
     if (t == NULL) {
@@ -322,7 +324,7 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     }
     if (st != RG_OK) {
         ctx->save = NULL;
-        return st;
+        return prev != RG_OK ? prev : st;
     }
     ctx->save_step = report->step;
     return prev != RG_OK ? prev : RG_OK;

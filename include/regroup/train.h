@@ -118,9 +118,8 @@ typedef struct {
  * rank 0 commits a checkpoint only once every rank's shard is durable (else the commit times
  * out and the checkpoint never exists); the call itself does not wait for the other ranks.
  *
- * A failed background checkpoint is logged when it is found, and returned by the call that
- * finds it: a call without state once it has ended, or a call with state that waits for it
- * (one with state that finds it already ended returns the new checkpoint's status instead).
+ * A failed background checkpoint is logged when it is found, and returned by the next call
+ * that finds it ended (with or without state; a call with state still starts its own save).
  * Returns RG_EINVAL (bad report: more than RG_TRAIN_MAX_METRICS metrics, a name that is not
  * 1-64 characters of [A-Za-z0-9_.-], step < 0), that failure, or rg_ckpt_save's errors.
  */
