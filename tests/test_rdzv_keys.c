@@ -446,6 +446,86 @@ START_TEST(test_restored_record)
 }
 END_TEST
 
+/* ---- golden records in tests/data/rdzv/ ---------------------------------------------------- */
+
+#ifndef RDZV_TEST_DATA
+#error "RDZV_TEST_DATA must name tests/data/rdzv"
+#endif
+
+static size_t slurp(const char *name, char *buf, size_t cap)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", RDZV_TEST_DATA, name);
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s", path);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    ck_assert_uint_lt(n, cap);
+    return n;
+}
+
+/* Decodes a golden file with the decoder its name says. */
+static rg_status_t decode_file(const char *name)
+{
+    static char v[1 << 16];
+    static rg_rdzv_assignment_t a;
+    static rdzv_progress_rec_t p;
+    size_t n = slurp(name, v, sizeof(v));
+    const char *kind = strncmp(name, "bad_", 4) == 0 ? name + 4 : name;
+    rdzv_node_rec_t nd;
+    rg_rdzv_member_t m;
+    rdzv_failure_rec_t f;
+    rdzv_restored_rec_t r;
+    int64_t x;
+    rg_status_t st;
+
+    if (strncmp(kind, "node", 4) == 0) {
+        return rdzv_rec_node_decode(v, n, &nd);
+    } else if (strncmp(kind, "waiting", 7) == 0) {
+        return rdzv_rec_waiting_decode(v, n, &m);
+    } else if (strncmp(kind, "closed", 6) == 0) {
+        return rdzv_rec_closed_decode(v, n, 1, &a);
+    } else if (strncmp(kind, "failure", 7) == 0) {
+        st = rdzv_rec_failure_decode(v, n, &f);
+        rdzv_rec_failure_cleanup(&f);
+        return st;
+    } else if (strncmp(kind, "progress", 8) == 0) {
+        return rdzv_rec_progress_decode(v, n, &p);
+    } else if (strncmp(kind, "restored", 8) == 0) {
+        return rdzv_rec_restored_decode(v, n, &r);
+    } else if (strncmp(kind, "round", 5) == 0) {
+        return rdzv_rec_round_decode(v, n, &x);
+    } else if (strncmp(kind, "latest", 6) == 0) {
+        return rdzv_rec_ckpt_latest_decode(v, n, &x);
+    }
+    ck_abort_msg("%s: no decoder for this name", name);
+    return RG_EINVAL;
+}
+
+START_TEST(test_golden_records)
+{
+    const char *good[] = {"node.json", "waiting.json", "closed.json", "failure.json",
+                          "progress.json", "restored.json", "round.txt", "latest.txt"};
+    const char *bad[] = {"bad_closed_cut.json", "bad_closed_nproc.json",
+                         "bad_node_duplicate.json", "bad_progress_type.json",
+                         "bad_restored_missing.json", "bad_round_space.txt"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ck_assert_msg(decode_file(good[i]) == RG_OK, "%s: %s", good[i], rg_last_error());
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(decode_file(bad[i]) == RG_EPROTO, "%s decoded", bad[i]);
+    }
+    /* The golden failure record holds what the table shows. */
+    char v[1024];
+    size_t n = slurp("failure.json", v, sizeof(v));
+    rdzv_failure_rec_t f;
+    CK_OK(rdzv_rec_failure_decode(v, n, &f));
+    ck_assert_str_eq(f.stderr_tail, "step 10\nstep 11\n");
+    ck_assert_int_eq(f.signal, 9);
+    rdzv_rec_failure_cleanup(&f);
+}
+END_TEST
+
 static Suite *rdzv_keys_suite(void)
 {
     Suite *s = suite_create("rdzv_keys");
@@ -463,6 +543,7 @@ static Suite *rdzv_keys_suite(void)
     tcase_add_test(tr, test_failure_record);
     tcase_add_test(tr, test_progress_record);
     tcase_add_test(tr, test_restored_record);
+    tcase_add_test(tr, test_golden_records);
     suite_add_tcase(s, tr);
     return s;
 }
