@@ -3,12 +3,14 @@
  *
  * One rg_rdzv_t is one agent's view of its job: an etcd client, a lease kept alive by a
  * keeper thread, and a watch on the job's prefix. Its files, one object each:
- *   rdzv_lease.c   the handle's life: lease, keeper and watch, and the fd that wakes callers
- *   rdzv_keys.c    key builders and agent ids; rdzv_records.c the records (rdzv_keys.h)
- *   rdzv_close.c   the close policy: a pure function of what was read and of the time given
- *   rdzv_round.c   joining: registering, waiting, closing a round with a compare-and-swap
- *   rdzv_check.c   while a round runs: what ends it, failure markers, done, the next round
- *   rdzv_print.c   the failure table at the end of a failed job
+ *   rdzv_lease.c      the handle's life: lease, keeper and watch, and the fd that wakes callers
+ *   rdzv_keys.c       key builders and agent ids; rdzv_records.c the records (rdzv_keys.h)
+ *   rdzv_close.c      the close policy: a pure function of what was read and the time given
+ *   rdzv_close_txn.c  closing a round: the policy's inputs read, its answer written by one
+ *                     compare-and-swap
+ *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
+ *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
+ *   rdzv_print.c      the failure table at the end of a failed job
  *
  * An event never decides anything: it only says "look again", and the state is then read in
  * one range or transaction, so a dropped watch or a compaction cannot make an agent miss a
@@ -114,6 +116,10 @@ bool        rdzv_watch_drain(rg_rdzv_t *z);
 rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);
 /* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). */
 rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
+
+/* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
+ * revision rev) and closes the round if it says so; *wake_ns is when to look again. */
+rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64_t *wake_ns);
 
 /* rdzv_check.c: true if key is in r's keys. */
 bool rdzv_range_has(const rg_etcd_range_t *r, const char *key);

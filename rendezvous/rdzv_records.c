@@ -324,10 +324,12 @@ rg_status_t rdzv_rec_failure_decode(const char *v, size_t len, rdzv_failure_rec_
     }
     ok = get_int(j, "round", 0, RDZV_ROUND_MAX, &f.round) &&
          get_str(j, "agent", f.agent, sizeof(f.agent)) &&
-         get_str(j, "addr", f.addr, sizeof(f.addr)) && get_int(j, "rank", -1, INT32_MAX, &f.rank) &&
+         get_str(j, "addr", f.addr, sizeof(f.addr)) &&
+         get_int(j, "rank", -1, INT32_MAX, &f.rank) &&
          get_int(j, "local_rank", -1, INT32_MAX, &f.local_rank) &&
-         get_int(j, "exit_code", -1, 255, &f.exit_code) && get_int(j, "signal", 0, 127, &f.signal) &&
-         get_real(j, "time", &f.time) && json_is_string(err) && json_is_string(tail);
+         get_int(j, "exit_code", -1, 255, &f.exit_code) &&
+         get_int(j, "signal", 0, 127, &f.signal) && get_real(j, "time", &f.time) &&
+         json_is_string(err) && json_is_string(tail);
     if (ok) {
         /* One block for both strings: the record owns one allocation. */
         size_t ne = json_string_length(err);
