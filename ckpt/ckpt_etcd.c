@@ -1,5 +1,6 @@
-/* The committed step in etcd: /regroup/<job>/ckpt/latest = "<step>" (decimal). */
+/* The committed step in etcd: ckpt/latest of the job's keys (rendezvous/rdzv_keys.h). */
 #include "ckpt_internal.h"
+#include "rdzv_keys.h"
 
 #include <regroup/etcd.h>
 
@@ -8,15 +9,22 @@
 
 rg_status_t ckpt_etcd_record(rg_etcd_t *etcd, const char *job, int64_t step)
 {
-    char key[512];
-    char value[32];
+    rdzv_keys_t keys;
+    char key[RDZV_KEY_MAX];
+    char value[RDZV_NUM_MAX];
     int64_t rev = 0;
     rg_status_t st;
 
-    if (!ckpt_fmt(key, sizeof(key), "/regroup/%s/ckpt/latest", job)) {
-        return rg_error(RG_EINVAL, "job id too long for an etcd key");
+    st = rdzv_keys_init(&keys, job);
+    if (st == RG_OK) {
+        st = rdzv_keys_ckpt_latest(&keys, key, sizeof(key));
     }
-    snprintf(value, sizeof(value), "%" PRId64, step);
+    if (st == RG_OK) {
+        st = rdzv_rec_ckpt_latest_encode(step, value, sizeof(value));
+    }
+    if (st != RG_OK) {
+        return rg_error_wrap(st, "recording checkpoint step %" PRId64, step);
+    }
     st = rg_etcd_put_str(etcd, key, value, 0, 0, &rev);
     if (st != RG_OK) {
         return rg_error_wrap(st, "recording checkpoint step %" PRId64 " at %s", step, key);

@@ -9,6 +9,7 @@
  * come, so creation fails at once instead, naming the rank and the values.
  */
 #include "comm_internal.h"
+#include "rdzv_keys.h"
 
 #include <regroup/etcd.h>
 
@@ -155,8 +156,14 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env)
                                    .key_file = val[2],
                                    .user = val[3],
                                    .password = val[4]};
-    snprintf(env->key_prefix, sizeof(env->key_prefix), "/regroup/%s/rounds/%lld/store/comm/",
-             env->job_id, (long long)env->round);
+    rdzv_keys_t keys;
+    st = rdzv_keys_init(&keys, env->job_id);
+    if (st == RG_OK) {
+        st = rdzv_keys_comm_prefix(&keys, env->round, env->key_prefix, sizeof(env->key_prefix));
+    }
+    if (st != RG_OK) {
+        return rg_error_wrap(st, "REGROUP_JOB_ID");
+    }
     env->params.rank = (int)rank;
     env->params.size = (int)size;
     env->params.etcd_endpoints = env->endpoints;

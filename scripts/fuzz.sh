@@ -3,6 +3,7 @@
 # time, starting from the golden inputs in tests/data/:
 #   fuzz_ckpt_parse   the checkpoint shard, record and MANIFEST parsers
 #   fuzz_data_idx     the IDX dataset reader
+#   fuzz_rdzv_records the decoders of a job's etcd records
 #   scripts/fuzz.sh [SECONDS]      seconds per target, default 60
 # Exits non-zero if a fuzzer finds a crash; the crashing input is left in build-fuzz/.
 set -euo pipefail
@@ -10,8 +11,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 [[ $secs =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS]" >&2; exit 2; }
 out=build-fuzz
-mkdir -p "$out/corpus-ckpt" "$out/corpus-idx"
+mkdir -p "$out/corpus-ckpt" "$out/corpus-idx" "$out/corpus-rdzv"
 cp -f tests/data/ckpt/* "$out/corpus-ckpt/" 2>/dev/null || true
+cp -f tests/data/rdzv/* "$out/corpus-rdzv/"
 find tests/data -maxdepth 1 -type f -name '*idx*' -exec cp -f {} "$out/corpus-idx/" \;
 flags=(-std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
@@ -21,8 +23,11 @@ clang "${flags[@]}" -Ickpt tests/fuzz/fuzz_ckpt_parse.c ckpt/ckpt_format.c ckpt/
     "${common[@]}" -lpthread -o "$out/fuzz_ckpt_parse"
 clang "${flags[@]}" -DRG_TEST_DATA_DIR="\"$PWD/tests/data\"" tests/fuzz/fuzz_data_idx.c \
     train/data_dataset.c "${common[@]}" -lz -lpthread -o "$out/fuzz_data_idx"
+clang "${flags[@]}" -Irendezvous tests/fuzz/fuzz_rdzv_records.c rendezvous/rdzv_records.c \
+    rendezvous/rdzv_keys.c "${common[@]}" $(pkg-config --cflags --libs jansson) -lm -lpthread \
+    -o "$out/fuzz_rdzv_records"
 cd "$out"
-for t in ckpt_parse:corpus-ckpt data_idx:corpus-idx; do
+for t in ckpt_parse:corpus-ckpt data_idx:corpus-idx rdzv_records:corpus-rdzv; do
     echo "== fuzz_${t%%:*} for ${secs} s =="
     "./fuzz_${t%%:*}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -print_final_stats=1 "${t##*:}" 2>&1 | tail -n 12

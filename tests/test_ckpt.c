@@ -4,6 +4,7 @@
 
 #include <regroup/ckpt.h>
 #include <regroup/etcd.h>
+#include "rdzv_keys.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -575,6 +576,11 @@ START_TEST(test_commit_recorded_in_etcd)
     char *value = NULL;
     size_t len = 0;
 
+    rdzv_keys_t keys;
+    char latest[RDZV_KEY_MAX];
+    int64_t got = -1;
+    ck_assert_int_eq(rdzv_keys_init(&keys, "job-7"), RG_OK);
+    ck_assert_int_eq(rdzv_keys_ckpt_latest(&keys, latest, sizeof(latest)), RG_OK);
     test_etcd_up(&etcd, NULL);
     ck_assert_int_eq(rg_etcd_create(&etcd.params, &cli), RG_OK);
     params.etcd = cli;
@@ -583,9 +589,9 @@ START_TEST(test_commit_recorded_in_etcd)
         ck_assert_int_eq(save_model(ck, 0, 1, s, 0, &sv), RG_OK);
         ck_assert_msg(rg_ckpt_save_wait(sv, deadline_s(30)) == RG_OK, "%s", rg_last_error());
         rg_ckpt_save_release(sv);
-        ck_assert_int_eq(rg_etcd_get(cli, "/regroup/job-7/ckpt/latest", 0, &value, &len, NULL),
-                         RG_OK);
-        ck_assert_int_eq(strtoll(value, NULL, 10), s);
+        ck_assert_int_eq(rg_etcd_get(cli, latest, 0, &value, &len, NULL), RG_OK);
+        ck_assert_int_eq(rdzv_rec_ckpt_latest_decode(value, len, &got), RG_OK);
+        ck_assert_int_eq(got, s);
         free(value);
     }
     /* etcd gone: the step is committed on disk, and the handle says etcd failed. */

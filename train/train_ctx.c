@@ -4,6 +4,7 @@
  * size. Ranks agree on what they restore: rank 0 picks the newest committed step, every rank
  * tries it, and if any rank cannot read it, all fall back to an older one together.
  */
+#include "rdzv_keys.h"
 #include "rg_common.h"
 
 #include <regroup/etcd.h>
@@ -18,6 +19,9 @@
 #define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
 #define RESTORE_TRIES      8
 
+/* Every report rg_report accepts fits the progress record. */
+_Static_assert(RG_TRAIN_MAX_METRICS <= RDZV_PROGRESS_METRICS, "progress record metrics");
+
 struct rg_train_ctx {
     int              rank;
     int              world;
@@ -26,6 +30,7 @@ struct rg_train_ctx {
     int              round;
     int              restart_count;
     char             job[128];
+    rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
     char             ckpt_root[1024];
     rg_etcd_t       *etcd;
     rg_comm_t       *comm;
@@ -92,6 +97,10 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     ctx->round = (int)env->round;
     snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
     rg_log_set_identity(ctx->rank, ctx->round);
+    st = rdzv_keys_init(&ctx->keys, ctx->job);
+    if (st != RG_OK) {
+        goto err;
+    }
 
     st = rg_etcd_create(&env->etcd, &ctx->etcd); /* TLS files and user from the launcher */
     if (st != RG_OK) {
@@ -245,21 +254,23 @@ static bool metric_name_ok(const char *s)
 
 static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
 {
-    char key[512];
+    char key[RDZV_KEY_MAX];
     char val[4096];
-    int o;
+    rdzv_progress_rec_t p = {.step = r->step, .epoch = r->epoch, .round = ctx->round,
+                             .time = rg_wall_s(), .n_metrics = r->n_metrics};
     rg_status_t st;
 
-    o = snprintf(val, sizeof(val), "{\"step\":%lld,\"epoch\":%lld,\"round\":%d,\"time\":%.3f,"
-                 "\"metrics\":{", (long long)r->step, (long long)r->epoch, ctx->round,
-                 rg_wall_s());
-    for (size_t i = 0; i < r->n_metrics; i++) {
-        o += snprintf(val + o, sizeof(val) - (size_t)o, "%s\"%s\":%.6g", i ? "," : "",
-                      r->metrics[i].name, r->metrics[i].value);
+    for (size_t i = 0; i < r->n_metrics; i++) {   /* names checked by rg_report: they fit */
+        snprintf(p.metrics[i].name, sizeof(p.metrics[i].name), "%s", r->metrics[i].name);
+        p.metrics[i].value = r->metrics[i].value;
     }
-    snprintf(val + o, sizeof(val) - (size_t)o, "}}");
-    snprintf(key, sizeof(key), "/regroup/%s/status/progress/%d", ctx->job, ctx->rank);
-    st = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+    st = rdzv_keys_progress(&ctx->keys, ctx->rank, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rdzv_rec_progress_encode(&p, val, sizeof(val));
+    }
+    if (st == RG_OK) {
+        st = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+    }
     if (st != RG_OK) {
         /* Progress is informational: training goes on without it. */
         rg_warn("progress report not published: %s", rg_last_error());
@@ -462,12 +473,17 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
             rg_info("restored checkpoint step %lld", (long long)step);
             if (ctx->rank == 0) {
                 /* For `regroup status` and the chaos suite: where this round resumed. */
-                char key[512];
+                char key[RDZV_KEY_MAX];
                 char val[128];
-                snprintf(key, sizeof(key), "/regroup/%s/status/restored", ctx->job);
-                snprintf(val, sizeof(val), "{\"round\":%d,\"step\":%lld}", ctx->round,
-                         (long long)step);
-                if (rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL) != RG_OK) {
+                rdzv_restored_rec_t rec = {.round = ctx->round, .step = step};
+                rg_status_t rs = rdzv_keys_restored(&ctx->keys, key, sizeof(key));
+                if (rs == RG_OK) {
+                    rs = rdzv_rec_restored_encode(&rec, val, sizeof(val));
+                }
+                if (rs == RG_OK) {
+                    rs = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+                }
+                if (rs != RG_OK) {
                     rg_warn("cannot record the restored step: %s", rg_last_error());
                 }
             }

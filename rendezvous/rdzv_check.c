@@ -1,0 +1,187 @@
+/*
+ * While a round runs: what ends it (rg_rdzv_check), and what an agent records about it
+ * (failure markers, done) or does to it (moving on to the next round).
+ */
+#include "rdzv_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool rdzv_range_has(const rg_etcd_range_t *r, const char *key)
+{
+    for (size_t i = 0; i < r->n_kvs; i++) {
+        if (strcmp(r->kvs[i].key, key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether the member's nodes/ key is gone without a done/ key; false if unsure. */
+static bool member_lost(rg_rdzv_t *z, int r, const char *agent, const rg_etcd_range_t *nodes,
+                        const rg_etcd_range_t *done)
+{
+    char nk[RDZV_KEY_MAX];
+    char dk[RDZV_KEY_MAX];
+    if (rdzv_keys_node(&z->keys, r, agent, nk, sizeof(nk)) != RG_OK ||
+        rdzv_keys_done(&z->keys, r, agent, dk, sizeof(dk)) != RG_OK) {
+        return false;
+    }
+    return !rdzv_range_has(nodes, nk) && !rdzv_range_has(done, dk);
+}
+
+rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
+{
+    char k_round[RDZV_KEY_MAX];
+    char k_fail[RDZV_KEY_MAX];
+    char k_nodes[RDZV_KEY_MAX];
+    char k_done[RDZV_KEY_MAX];
+    char k_wait[RDZV_KEY_MAX];
+    rg_etcd_txn_t t;
+    rg_status_t st;
+
+    *change = RG_RDZV_NONE;
+    if (z->keeper != NULL && rg_etcd_keeper_lost(z->keeper)) {
+        *change = RG_RDZV_LEASE_LOST;
+        return RG_OK;
+    }
+    /* Events say when to look; a look at least every RDZV_VERIFY_MS bounds the damage of an
+     * event that never arrives (one small read per second). */
+    if (!rdzv_watch_drain(z) && !z->verify &&
+        rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
+        return RG_OK;
+    }
+    z->verify = false;
+    z->verified_ns = rg_now_ns();
+    if (!z->running) {
+        return RG_OK;
+    }
+    int r = z->cur.round;
+    st = rdzv_keys_round(&z->keys, k_round, sizeof(k_round));
+    if (st == RG_OK) {
+        st = rdzv_keys_failures_round_prefix(&z->keys, r, k_fail, sizeof(k_fail));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_nodes_prefix(&z->keys, r, k_nodes, sizeof(k_nodes));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_done_prefix(&z->keys, r, k_done, sizeof(k_done));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_waiting_prefix(&z->keys, k_wait, sizeof(k_wait));
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    /* One read of everything that can end the round. */
+    rg_etcd_op_t ops[5] = {
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_round}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = true,
+                                               .count_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_nodes, .prefix = true,
+                                               .keys_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_done, .prefix = true,
+                                               .keys_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_wait, .prefix = true,
+                                               .count_only = true}},
+    };
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 5, NULL, 0, 0, &t);
+    if (st != RG_OK) {
+        return st;
+    }
+    const rg_etcd_range_t *round = &t.results[0].u.range;
+    int64_t now_round = 0;
+    if (round->n_kvs == 1 &&
+        rdzv_rec_round_decode(round->kvs[0].value, round->kvs[0].value_len, &now_round) ==
+            RG_OK &&
+        now_round > r) {
+        *change = RG_RDZV_NEW_ROUND;
+    } else if (t.results[1].u.range.count > 0) {
+        *change = RG_RDZV_FAILURE;
+    } else {
+        for (int i = 0; i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
+            const char *agent = z->cur.members[i].agent;
+            if (member_lost(z, r, agent, &t.results[2].u.range, &t.results[3].u.range)) {
+                rg_info("rendezvous: member %s of round %d is gone", agent, r);
+                *change = RG_RDZV_MEMBER_LOST;
+            }
+        }
+        if (*change == RG_RDZV_NONE && t.results[4].u.range.count > 0 &&
+            z->cur.n_members < z->p.max_nodes) {
+            *change = RG_RDZV_JOIN_PENDING;
+        }
+    }
+    rg_etcd_txn_cleanup(&t);
+    return RG_OK;
+}
+
+/* torchrun's error file: {"message": {"message": "...", "extraInfo": {...}}} or
+ * {"message": "..."}; anything else is shown as it is. The result points into *doc_p or
+ * into error; decref *doc_p after use. */
+static const char *error_message(const char *error, json_t **doc_p)
+{
+    json_t *ej = error ? json_loads(error, 0, NULL) : NULL;
+    json_t *em = json_object_get(ej, "message");
+    const char *msg = json_string_value(em) ? json_string_value(em)
+                      : json_string_value(json_object_get(em, "message"))
+                          ? json_string_value(json_object_get(em, "message"))
+                          : error;
+    *doc_p = ej;
+    return msg;
+}
+
+rg_status_t rg_rdzv_report_failure(rg_rdzv_t *z, const rg_rdzv_failure_t *f)
+{
+    char key[RDZV_KEY_MAX];
+    json_t *doc;
+    char *text;
+    rg_status_t st;
+    rdzv_failure_rec_t rec = {.round = z->cur.round, .rank = f->rank,
+                              .local_rank = f->local_rank, .exit_code = f->exit_code,
+                              .signal = f->signal, .time = rg_wall_s(),
+                              .stderr_tail = f->stderr_tail};
+
+    st = rdzv_keys_failure(&z->keys, z->cur.round, z->agent, key, sizeof(key));
+    if (st != RG_OK) {
+        return st;
+    }
+    memcpy(rec.agent, z->agent, sizeof(rec.agent));
+    memcpy(rec.addr, z->addr, sizeof(rec.addr));
+    rec.error = error_message(f->error, &doc);
+    st = rdzv_rec_failure_encode(&rec, &text);
+    json_decref(doc);
+    if (st != RG_OK) {
+        return st;
+    }
+    /* No lease: the record outlives this agent, for the job's failure report. */
+    st = rg_etcd_put_str(z->etcd, key, text, 0, 0, NULL);
+    free(text);
+    return st;
+}
+
+rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
+{
+    int r;
+    rg_status_t st;
+
+    z->running = false;
+    st = rdzv_round_read(z, &r);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (r > z->cur.round) {
+        return RG_OK;   /* someone already moved on */
+    }
+    return rdzv_round_advance(z, r);
+}
+
+rg_status_t rg_rdzv_done(rg_rdzv_t *z)
+{
+    char key[RDZV_KEY_MAX];
+    rg_status_t st = rdzv_keys_done(&z->keys, z->cur.round, z->agent, key, sizeof(key));
+    if (st != RG_OK) {
+        return st;
+    }
+    return rg_etcd_put_str(z->etcd, key, RDZV_DONE_VALUE, 0, 0, NULL);
+}

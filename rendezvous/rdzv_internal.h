@@ -1,0 +1,127 @@
+/*
+ * Internals of the rendezvous (include/regroup/rdzv.h, docs/etcd-keys.md).
+ *
+ * One rg_rdzv_t is one agent's view of its job: an etcd client, a lease kept alive by a
+ * keeper thread, and a watch on the job's prefix. Its files, one object each:
+ *   rdzv_lease.c      the handle's life: lease, keeper and watch, and the fd that wakes callers
+ *   rdzv_keys.c       key builders and agent ids; rdzv_records.c the records (rdzv_keys.h)
+ *   rdzv_close.c      the close policy: a pure function of what was read and the time given
+ *   rdzv_close_txn.c  closing a round: the policy's inputs read, its answer written by one
+ *                     compare-and-swap
+ *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
+ *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
+ *   rdzv_print.c      the failure table at the end of a failed job
+ *
+ * An event never decides anything: it only says "look again", and the state is then read in
+ * one range or transaction, so a dropped watch or a compaction cannot make an agent miss a
+ * change. Every buffer too large for a stack lives in the handle, not in a function-static:
+ * the handle belongs to one thread, and a process may hold several (the tests do).
+ */
+#ifndef REGROUP_RDZV_INTERNAL_H
+#define REGROUP_RDZV_INTERNAL_H
+
+#include "etcd_internal.h"
+#include "rdzv_keys.h"
+
+#include <regroup/rdzv.h>
+
+#define RDZV_LIST_MAX    (RG_RDZV_MAX_NODES * 2)  /* nodes of one round we look at */
+#define RDZV_EXPECT_MAX  (RG_RDZV_MAX_NODES * 4)  /* agents a close may wait for */
+#define RDZV_BACK_ROUNDS 16     /* how far back to look for the last closed round */
+#define RDZV_RETRY_MS    200
+#define RDZV_VERIFY_MS   1000
+
+/* ---- the close policy (rdzv_close.c): no etcd, no clock ---------------------------------- */
+
+typedef struct {
+    int      min_nodes;
+    int      max_nodes;
+    int      max_restarts;
+    int64_t  last_call_ms;
+    int      round;                     /* the round to close */
+    const rdzv_node_rec_t *nodes;       /* registered in it, any order (create_rev set) */
+    int      n_nodes;
+    const rg_rdzv_assignment_t *prev;   /* the last closed round before it, NULL if none */
+    bool     prev_failed;               /* prev has a failure marker: this close restarts */
+    /* With prev: the agents the round may close early for once all have registered (prev's
+     * live members and the waiting nodes); n_expected < 0 means unknown (the window decides). */
+    const char *const *expected;
+    int      n_expected;
+    uint64_t now_ns;
+    uint64_t min_reached_ns;            /* when min nodes were first seen; 0: not yet */
+} rdzv_close_in_t;
+
+typedef enum {
+    RDZV_CLOSE_BELOW_MIN,   /* fewer than min nodes: keep waiting, the window restarts */
+    RDZV_CLOSE_WAIT,        /* min reached, someone expected is missing: look at wake_ns */
+    RDZV_CLOSE_NOW,         /* close with the assignment given */
+} rdzv_close_verdict_t;
+
+typedef struct {
+    rdzv_close_verdict_t verdict;
+    uint64_t min_reached_ns;            /* to pass in at the next look */
+    uint64_t wake_ns;                   /* WAIT: when the last-call window ends */
+} rdzv_close_out_t;
+
+/* Decides whether in->round closes now. With RDZV_CLOSE_NOW, *closed is the record to write:
+ * members ordered (the previous round's in their old order, then newcomers by create
+ * revision, then by agent id), at most max_nodes of them, the restart count, whether the
+ * job failed, and the master (the first member's address and port); round set, group_rank
+ * -1. Otherwise *closed is untouched. */
+void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
+                     rg_rdzv_assignment_t *closed);
+
+/* ---- the handle -------------------------------------------------------------------------- */
+
+struct rg_rdzv {
+    rg_rdzv_params_t p;
+    char             job[RDZV_JOB_MAX + 1];
+    char             addr[RG_RDZV_ADDR_MAX];
+    rdzv_keys_t      keys;
+    char             agent[RG_RDZV_ID_MAX];
+    rg_etcd_t       *etcd;
+    int64_t          lease;
+    rg_etcd_keeper_t *keeper;
+    rg_etcd_watch_t *watch;
+    int              epfd;                  /* watch fd + keeper fd */
+    int              keeper_fd_added;
+    /* state */
+    int              round;                 /* the round running, or being joined */
+    bool             running;               /* a closed round including us runs */
+    rg_rdzv_assignment_t cur;
+    int              last_round;            /* the last closed round we were in, -1 */
+    int              last_rank;             /* our group rank in it */
+    uint64_t         min_reached_ns;
+    int              registered_round;
+    bool             waiting;
+    bool             verify;                /* read the state at the next check */
+    uint64_t         verified_ns;           /* when check last read the state */
+    /* scratch of one look at a round: too large for a stack, and the handle's own */
+    rdzv_node_rec_t  nodes[RDZV_LIST_MAX];
+    const char      *expected[RDZV_EXPECT_MAX];
+    rg_rdzv_assignment_t prev;
+    rg_rdzv_assignment_t closing;
+};
+
+/* rdzv_lease.c: (re)starts the lease and its keeper, within deadline; stops them. */
+rg_status_t rdzv_lease_start(rg_rdzv_t *z, rg_deadline_t deadline);
+void        rdzv_lease_stop(rg_rdzv_t *z);
+/* If the keeper lost the lease: forgets the registrations and starts a new lease. */
+rg_status_t rdzv_lease_renew_if_lost(rg_rdzv_t *z, rg_deadline_t deadline);
+/* Drains queued watch events (re-watching if the watch ended); true if any may matter
+ * (is outside status/, or the watch was renewed). */
+bool        rdzv_watch_drain(rg_rdzv_t *z);
+
+/* rdzv_round.c: reads `round` (creating it as 0 for the job's first agent). */
+rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);
+/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). */
+rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
+
+/* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
+ * revision rev) and closes the round if it says so; *wake_ns is when to look again. */
+rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64_t *wake_ns);
+
+/* rdzv_check.c: true if key is in r's keys. */
+bool rdzv_range_has(const rg_etcd_range_t *r, const char *key);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * The rendezvous against a real etcd: two handles of one process, each on its own thread
+ * (include/regroup/rdzv.h allows one handle per thread), join the same rounds.
+ */
+#include "rg_common.h"
+#include "etcd_server.h"
+#include "rdzv_keys.h"
+
+#include <regroup/rdzv.h>
+
+#include <check.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FAST_ETCD "--heartbeat-interval=10 --election-timeout=100"
+#define ROUNDS    8
+
+static rg_etcd_server_t srv;
+
+static void up(void)
+{
+    ck_assert_int_eq(rg_etcd_server_start(&srv, FAST_ETCD), 0);
+}
+
+static void down(void)
+{
+    rg_etcd_server_stop(&srv);
+}
+
+typedef struct {
+    rg_rdzv_t           *z;
+    rg_status_t          st;
+    rg_rdzv_assignment_t a;
+} joiner_t;
+
+static void *join_main(void *arg)
+{
+    joiner_t *j = arg;
+    j->st = rg_rdzv_join(j->z, -1, &j->a);
+    return NULL;
+}
+
+static rg_rdzv_t *handle(const char *job, int nproc)
+{
+    rg_rdzv_params_t p = {.etcd = {.endpoints = srv.endpoints, .timeout_ms = 3000},
+                          .job = job, .addr = "127.0.0.1", .nproc = nproc, .min_nodes = 2,
+                          .max_nodes = 2, .lease_ttl_s = 5, .last_call_ms = 500,
+                          .join_timeout_ms = 30000, .max_restarts = 3};
+    rg_rdzv_t *z = NULL;
+    ck_assert_msg(rg_rdzv_create(&p, &z) == RG_OK, "%s", rg_last_error());
+    return z;
+}
+
+/* Both handles join concurrently; both must come back with the same closed round. */
+static void join_both(joiner_t *j)
+{
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+    }
+    ck_assert_int_eq(j[0].a.round, j[1].a.round);
+    ck_assert_int_eq(j[0].a.n_members, 2);
+    ck_assert_int_eq(j[1].a.n_members, 2);
+    ck_assert_int_eq(j[0].a.world_size, 3);
+    ck_assert(!j[0].a.job_failed && !j[0].a.job_done);
+    for (int m = 0; m < 2; m++) {
+        ck_assert_str_eq(j[0].a.members[m].agent, j[1].a.members[m].agent);
+    }
+    ck_assert_int_eq(j[0].a.group_rank + j[1].a.group_rank, 1);   /* 0 and 1 */
+    for (int i = 0; i < 2; i++) {
+        const rg_rdzv_member_t *me = &j[i].a.members[j[i].a.group_rank];
+        ck_assert_str_eq(me->agent, rg_rdzv_agent_id(j[i].z));
+        ck_assert_int_eq(j[i].a.rank_offset, j[i].a.group_rank == 0 ? 0 : j[i].a.members[0].nproc);
+    }
+}
+
+/* Waits (on the handle's fd, up to 10 s) until check reports a change. */
+static rg_rdzv_change_t wait_change(rg_rdzv_t *z)
+{
+    rg_deadline_t deadline = rg_deadline_in_ms(10000);
+    rg_rdzv_change_t c = RG_RDZV_NONE;
+    while (c == RG_RDZV_NONE && !rg_deadline_passed(deadline)) {
+        struct pollfd pfd = {.fd = rg_rdzv_fd(z), .events = POLLIN};
+        (void)poll(&pfd, 1, 200);
+        ck_assert_int_eq(rg_rdzv_check(z, &c), RG_OK);
+    }
+    return c;
+}
+
+START_TEST(test_two_handles_one_process)
+{
+    joiner_t *j = calloc(2, sizeof(*j));
+    char job[64];
+
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "two-%d", (int)getpid());
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    ck_assert_str_ne(rg_rdzv_agent_id(j[0].z), rg_rdzv_agent_id(j[1].z));
+
+    join_both(j);
+    ck_assert_int_eq(j[0].a.round, 0);
+    int rank0 = j[0].a.group_rank;
+    rg_rdzv_change_t c;
+    ck_assert_int_eq(rg_rdzv_check(j[0].z, &c), RG_OK);
+    ck_assert_int_eq(c, RG_RDZV_NONE);
+
+    /* One handle moves the job on and the other one's watch tells it; the next round keeps
+     * the ranks of the last one. Several rounds, so that the two threads' looks at a round
+     * overlap in many ways. */
+    for (int r = 1; r <= ROUNDS; r++) {
+        int mover = r % 2;
+        ck_assert_int_eq(rg_rdzv_next_round(j[mover].z), RG_OK);
+        ck_assert_int_eq(wait_change(j[1 - mover].z), RG_RDZV_NEW_ROUND);
+        ck_assert_int_eq(rg_rdzv_next_round(j[1 - mover].z), RG_OK);   /* a no-op now */
+        join_both(j);
+        ck_assert_int_eq(j[0].a.round, r);
+        ck_assert_int_eq(j[0].a.group_rank, rank0);
+    }
+
+    /* Both finish: the round's done keys say so to a latecomer. */
+    ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
+    ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
+    joiner_t *late = calloc(1, sizeof(*late));
+    ck_assert_ptr_nonnull(late);
+    late->z = handle(job, 1);
+    ck_assert_int_eq(rg_rdzv_join(late->z, -1, &late->a), RG_OK);
+    ck_assert(late->a.job_done);
+    ck_assert_int_eq(late->a.round, ROUNDS);
+    ck_assert_int_eq(late->a.group_rank, -1);
+    rg_rdzv_destroy(late->z);
+    free(late);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
+static Suite *rdzv_suite(void)
+{
+    Suite *s = suite_create("rdzv");
+    TCase *tc = tcase_create("handles");
+    tcase_add_checked_fixture(tc, up, down);
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_two_handles_one_process);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(rdzv_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

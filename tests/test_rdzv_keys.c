@@ -1,0 +1,559 @@
+/* rendezvous/rdzv_keys.h: the job's key layout and its records, without etcd. */
+#include "rdzv_keys.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK_OK(expr) ck_assert_int_eq((expr), RG_OK)
+
+static rdzv_keys_t job(const char *id)
+{
+    rdzv_keys_t k;
+    CK_OK(rdzv_keys_init(&k, id));
+    return k;
+}
+
+START_TEST(test_keys_layout)
+{
+    rdzv_keys_t k = job("job-1");
+    char b[RDZV_KEY_MAX];
+
+    ck_assert_str_eq(rdzv_keys_prefix(&k), "/regroup/job-1/");
+    CK_OK(rdzv_keys_round(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/round");
+    CK_OK(rdzv_keys_round_prefix(&k, 3, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/");
+    CK_OK(rdzv_keys_nodes_prefix(&k, 3, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/nodes/");
+    CK_OK(rdzv_keys_node(&k, 3, "h-12-0000abcd", b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/nodes/h-12-0000abcd");
+    CK_OK(rdzv_keys_closed(&k, 3, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/closed");
+    CK_OK(rdzv_keys_done_prefix(&k, 3, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/done/");
+    CK_OK(rdzv_keys_done(&k, 3, "a", b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/3/done/a");
+    CK_OK(rdzv_keys_comm_prefix(&k, 7, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/7/store/comm/");
+    CK_OK(rdzv_keys_waiting_prefix(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/waiting/");
+    CK_OK(rdzv_keys_waiting(&k, "a", b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/waiting/a");
+    CK_OK(rdzv_keys_failures_prefix(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/failures/");
+    CK_OK(rdzv_keys_failures_round_prefix(&k, 2, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/failures/2/");
+    CK_OK(rdzv_keys_failure(&k, 2, "a", b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/failures/2/a");
+    CK_OK(rdzv_keys_status_prefix(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/status/");
+    CK_OK(rdzv_keys_progress_prefix(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/status/progress/");
+    CK_OK(rdzv_keys_progress(&k, 5, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/status/progress/5");
+    CK_OK(rdzv_keys_restored(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/status/restored");
+    CK_OK(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/ckpt/latest");
+
+    ck_assert_str_eq(rdzv_keys_tail("/regroup/job-1/waiting/a-1-00000000",
+                                    "/regroup/job-1/waiting/"), "a-1-00000000");
+    ck_assert_ptr_null(rdzv_keys_tail("/regroup/job-1/waiting/", "/regroup/job-1/waiting/"));
+    ck_assert_ptr_null(rdzv_keys_tail("/regroup/job-12/waiting/a", "/regroup/job-1/"));
+}
+END_TEST
+
+START_TEST(test_keys_bounded)
+{
+    rdzv_keys_t k = job("job-1");
+    char small[24];
+    char exact[sizeof("/regroup/job-1/round")];
+    char agent[600];
+
+    /* One byte short of the key and its NUL: refused, and nothing usable left. */
+    ck_assert_int_eq(rdzv_keys_round(&k, exact, sizeof(exact) - 1), RG_EINVAL);
+    ck_assert_str_eq(exact, "");
+    CK_OK(rdzv_keys_round(&k, exact, sizeof(exact)));
+    ck_assert_str_eq(exact, "/regroup/job-1/round");
+    ck_assert_int_eq(rdzv_keys_ckpt_latest(&k, small, sizeof(small)), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_round(&k, small, 4), RG_EINVAL);   /* shorter than the prefix */
+    memset(agent, 'a', sizeof(agent) - 1);
+    agent[sizeof(agent) - 1] = '\0';
+    char b[RDZV_KEY_MAX];
+    ck_assert_int_eq(rdzv_keys_node(&k, 1, agent, b, sizeof(b)), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_waiting(&k, agent, b, sizeof(b)), RG_EINVAL);
+}
+END_TEST
+
+START_TEST(test_keys_job_ids)
+{
+    rdzv_keys_t k;
+    char longest[RDZV_JOB_MAX + 2];
+
+    ck_assert(rdzv_keys_job_id_ok("a.b_c-9"));
+    ck_assert(!rdzv_keys_job_id_ok(""));
+    ck_assert(!rdzv_keys_job_id_ok("a:b"));
+    ck_assert(!rdzv_keys_job_id_ok(NULL));
+    ck_assert_int_eq(rdzv_keys_init(&k, ""), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_init(&k, NULL), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_init(&k, "a/b"), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_init(&k, "a b"), RG_EINVAL);
+    ck_assert_int_eq(rdzv_keys_init(&k, "a\nb"), RG_EINVAL);
+    CK_OK(rdzv_keys_init(&k, "a:b"));   /* the layout takes it; the launcher does not */
+    memset(longest, 'j', sizeof(longest) - 1);
+    longest[sizeof(longest) - 1] = '\0';
+    ck_assert_int_eq(rdzv_keys_init(&k, longest), RG_EINVAL);
+    longest[RDZV_JOB_MAX] = '\0';
+    CK_OK(rdzv_keys_init(&k, longest));
+    char b[RDZV_KEY_MAX];
+    CK_OK(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
+}
+END_TEST
+
+START_TEST(test_agent_ids)
+{
+    char id[RG_RDZV_ID_MAX];
+    char host[64];
+    char longhost[200];
+    pid_t pid = 0;
+
+    rdzv_agent_id_make("my-host-7", 4321, 0xdeadbeef, id);
+    ck_assert_str_eq(id, "my-host-7-4321-deadbeef");
+    ck_assert(rdzv_agent_id_parse(id, host, sizeof(host), &pid));
+    ck_assert_str_eq(host, "my-host-7");
+    ck_assert_int_eq(pid, 4321);
+    ck_assert(!rdzv_agent_id_parse(id, host, 4, &pid));   /* host does not fit */
+
+    memset(longhost, 'h', sizeof(longhost) - 1);
+    longhost[sizeof(longhost) - 1] = '\0';
+    rdzv_agent_id_make(longhost, 99, 1, id);
+    ck_assert(rdzv_agent_id_parse(id, NULL, 0, &pid));
+    ck_assert_int_eq(pid, 99);
+
+    const char *bad[] = {"", "h", "h-1", "h-1-123", "h-1-0000000g", "-1-00000000",
+                         "h--00000000", "h-x-00000000", "h-0-00000000", "h-12345678901-00000000",
+                         "h-1-00000000-", "h-1-000000000"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(!rdzv_agent_id_parse(bad[i], host, sizeof(host), &pid), "%s", bad[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_numbers)
+{
+    char b[RDZV_NUM_MAX];
+    int64_t x = -5;
+
+    CK_OK(rdzv_rec_round_encode(12, b, sizeof(b)));
+    ck_assert_str_eq(b, "12");
+    CK_OK(rdzv_rec_round_decode(b, strlen(b), &x));
+    ck_assert_int_eq(x, 12);
+    CK_OK(rdzv_rec_ckpt_latest_encode(900000000123, b, sizeof(b)));
+    CK_OK(rdzv_rec_ckpt_latest_decode(b, strlen(b), &x));
+    ck_assert_int_eq(x, 900000000123);
+    ck_assert_int_eq(rdzv_rec_round_encode(12345, b, 3), RG_EINVAL);
+    /* Only the given bytes count: "12" out of "123". */
+    CK_OK(rdzv_rec_round_decode("123", 2, &x));
+    ck_assert_int_eq(x, 12);
+
+    const char *bad[] = {"", "-1", "1x", " 1", "0x10", "99999999999999999999", "1.5"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        x = 77;
+        ck_assert_int_eq(rdzv_rec_ckpt_latest_decode(bad[i], strlen(bad[i]), &x), RG_EPROTO);
+        ck_assert_int_eq(rdzv_rec_round_decode(bad[i], strlen(bad[i]), &x), RG_EPROTO);
+        ck_assert_int_eq(x, 77);   /* untouched on error */
+    }
+    ck_assert_int_eq(rdzv_rec_round_decode("2000000000", 10, &x), RG_EPROTO);
+    ck_assert_int_eq(rdzv_rec_round_decode("1\0", 2, &x), RG_EPROTO);
+}
+END_TEST
+
+START_TEST(test_node_record)
+{
+    rdzv_node_rec_t n = {.agent = "h-1-00000001", .addr = "10.0.0.1", .nproc = 8,
+                         .port = 29500, .prev_round = 4, .prev_rank = 2};
+    rdzv_node_rec_t d;
+    char *text;
+
+    CK_OK(rdzv_rec_node_encode(&n, &text));
+    CK_OK(rdzv_rec_node_decode(text, strlen(text), &d));
+    ck_assert_str_eq(d.agent, n.agent);
+    ck_assert_str_eq(d.addr, n.addr);
+    ck_assert_int_eq(d.nproc, 8);
+    ck_assert_int_eq(d.port, 29500);
+    ck_assert_int_eq(d.prev_round, 4);
+    ck_assert_int_eq(d.prev_rank, 2);
+    ck_assert_int_eq(d.create_rev, 0);
+    /* Every cut of a good record is refused. */
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_node_decode(text, len, &d), RG_EPROTO);
+    }
+    free(text);
+
+    const char *bad[] = {
+        "", "null", "[]", "{}", "not json",
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":0,\"port\":1,\"prev_round\":-1,"
+        "\"prev_rank\":-1}",
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":\"1\",\"port\":1,\"prev_round\":-1,"
+        "\"prev_rank\":-1}",
+        "{\"agent\":\"\",\"addr\":\"x\",\"nproc\":1,\"port\":1,\"prev_round\":-1,\"prev_rank\":-1}",
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":1,\"port\":70000,\"prev_round\":-1,"
+        "\"prev_rank\":-1}",
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":1,\"port\":1,\"prev_round\":-1}",
+        "{\"agent\":\"a\",\"agent\":\"b\",\"addr\":\"x\",\"nproc\":1,\"port\":1,"
+        "\"prev_round\":-1,\"prev_rank\":-1}",
+        "{\"agent\":\"a\\u0000b\",\"addr\":\"x\",\"nproc\":1,\"port\":1,\"prev_round\":-1,"
+        "\"prev_rank\":-1}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(rdzv_rec_node_decode(bad[i], strlen(bad[i]), &d) == RG_EPROTO, "%s",
+                      bad[i]);
+    }
+    /* A string longer than its field is refused, not cut. */
+    char big[600];
+    int w = snprintf(big, sizeof(big), "{\"agent\":\"%0*d\",\"addr\":\"x\",\"nproc\":1,"
+                     "\"port\":1,\"prev_round\":-1,\"prev_rank\":-1}", RG_RDZV_ID_MAX, 0);
+    ck_assert_int_eq(rdzv_rec_node_decode(big, (size_t)w, &d), RG_EPROTO);
+}
+END_TEST
+
+START_TEST(test_waiting_record)
+{
+    rg_rdzv_member_t m = {.agent = "w-9-0000000f", .addr = "h9", .nproc = 2};
+    rg_rdzv_member_t d;
+    char *text;
+
+    CK_OK(rdzv_rec_waiting_encode(&m, &text));
+    ck_assert_str_eq(text, "{\"agent\":\"w-9-0000000f\",\"addr\":\"h9\",\"nproc\":2}");
+    CK_OK(rdzv_rec_waiting_decode(text, strlen(text), &d));
+    ck_assert_str_eq(d.agent, m.agent);
+    ck_assert_str_eq(d.addr, "h9");
+    ck_assert_int_eq(d.nproc, 2);
+    ck_assert_int_eq(rdzv_rec_waiting_decode(text, strlen(text) - 1, &d), RG_EPROTO);
+    free(text);
+}
+END_TEST
+
+static rg_rdzv_assignment_t *three_members(void)
+{
+    rg_rdzv_assignment_t *a = calloc(1, sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    a->n_members = 3;
+    const char *ids[] = {"host-a-100-00000001", "host-b-200-00000002", "host-a-300-00000003"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(a->members[i].agent, RG_RDZV_ID_MAX, "%s", ids[i]);
+        snprintf(a->members[i].addr, RG_RDZV_ADDR_MAX, "10.0.0.%d", i + 1);
+        a->members[i].nproc = i + 1;
+    }
+    a->restart_count = 2;
+    a->job_failed = true;
+    snprintf(a->master_addr, sizeof(a->master_addr), "10.0.0.1");
+    a->master_port = 29400;
+    return a;
+}
+
+START_TEST(test_closed_record)
+{
+    rg_rdzv_assignment_t *a = three_members();
+    rg_rdzv_assignment_t *d = calloc(1, sizeof(*d));
+    char *text;
+
+    CK_OK(rdzv_rec_closed_encode(a, 1764580000.5, &text));
+    CK_OK(rdzv_rec_closed_decode(text, strlen(text), 9, d));
+    ck_assert_int_eq(d->round, 9);
+    ck_assert_int_eq(d->group_rank, -1);
+    ck_assert_int_eq(d->n_members, 3);
+    ck_assert_int_eq(d->group_world, 3);
+    ck_assert_int_eq(d->world_size, 6);
+    ck_assert_int_eq(d->restart_count, 2);
+    ck_assert(d->job_failed);
+    ck_assert(!d->job_done);
+    ck_assert_str_eq(d->master_addr, "10.0.0.1");
+    ck_assert_int_eq(d->master_port, 29400);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_str_eq(d->members[i].agent, a->members[i].agent);
+        ck_assert_str_eq(d->members[i].addr, a->members[i].addr);
+        ck_assert_int_eq(d->members[i].nproc, a->members[i].nproc);
+    }
+    rdzv_assignment_locate(d, "host-a-300-00000003");
+    ck_assert_int_eq(d->group_rank, 2);
+    ck_assert_int_eq(d->rank_offset, 3);
+    rdzv_assignment_locate(d, "nobody");
+    ck_assert_int_eq(d->group_rank, -1);
+    ck_assert_int_eq(rdzv_assignment_find(d, "host-b-200-00000002"), 1);
+
+    /* The chaos runner's question: is the agent with this pid a member? */
+    ck_assert_int_eq(rdzv_assignment_find_pid(d, NULL, 300), 2);
+    ck_assert_int_eq(rdzv_assignment_find_pid(d, "host-b", 200), 1);
+    ck_assert_int_eq(rdzv_assignment_find_pid(d, "host-a", 200), -1);
+    ck_assert_int_eq(rdzv_assignment_find_pid(d, NULL, 10), -1);   /* not a substring search */
+    ck_assert_int_eq(rdzv_assignment_find_pid(d, NULL, 0), -1);
+
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_closed_decode(text, len, 9, d), RG_EPROTO);
+        ck_assert_int_eq(d->n_members, 0);
+    }
+    free(text);
+
+    const char *bad[] = {
+        "{\"members\":[],\"restarts\":0,\"failed\":false,\"master_addr\":\"a\",\"master_port\":1}",
+        "{\"members\":[{\"agent\":\"a\",\"addr\":\"b\"}],\"restarts\":0,\"failed\":false,"
+        "\"master_addr\":\"a\",\"master_port\":1}",
+        "{\"members\":[{\"agent\":\"a\",\"addr\":\"b\",\"nproc\":1}],\"restarts\":0,"
+        "\"failed\":0,\"master_addr\":\"a\",\"master_port\":1}",
+        "{\"members\":[{\"agent\":\"a\",\"addr\":\"b\",\"nproc\":1}],\"restarts\":-1,"
+        "\"failed\":false,\"master_addr\":\"a\",\"master_port\":1}",
+        "{\"members\":{},\"restarts\":0,\"failed\":false,\"master_addr\":\"a\",\"master_port\":1}",
+        "{\"members\":[7],\"restarts\":0,\"failed\":false,\"master_addr\":\"a\",\"master_port\":1}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(rdzv_rec_closed_decode(bad[i], strlen(bad[i]), 1, d) == RG_EPROTO, "%s",
+                      bad[i]);
+    }
+    a->n_members = 0;
+    ck_assert_int_eq(rdzv_rec_closed_encode(a, 0, &text), RG_EINVAL);
+    free(a);
+    free(d);
+}
+END_TEST
+
+START_TEST(test_failure_record)
+{
+    rdzv_failure_rec_t f = {.round = 3, .agent = "h-5-00000005", .addr = "10.1.1.1",
+                            .rank = 7, .local_rank = 1, .exit_code = -1, .signal = 9,
+                            .time = 1764580000.25, .error = "boom \"quoted\"\n",
+                            .stderr_tail = "line 1\nline 2\n"};
+    rdzv_failure_rec_t d;
+    char *text;
+
+    CK_OK(rdzv_rec_failure_encode(&f, &text));
+    CK_OK(rdzv_rec_failure_decode(text, strlen(text), &d));
+    ck_assert_int_eq(d.round, 3);
+    ck_assert_str_eq(d.agent, f.agent);
+    ck_assert_str_eq(d.addr, f.addr);
+    ck_assert_int_eq(d.rank, 7);
+    ck_assert_int_eq(d.local_rank, 1);
+    ck_assert_int_eq(d.exit_code, -1);
+    ck_assert_int_eq(d.signal, 9);
+    ck_assert(fabs(d.time - f.time) < 1e-6);
+    ck_assert_str_eq(d.error, f.error);
+    ck_assert_str_eq(d.stderr_tail, f.stderr_tail);
+    rdzv_rec_failure_cleanup(&d);
+    rdzv_rec_failure_cleanup(&d);   /* twice is harmless */
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_failure_decode(text, len, &d), RG_EPROTO);
+    }
+    free(text);
+
+    /* NULL strings are written as "". */
+    f.error = NULL;
+    f.stderr_tail = NULL;
+    CK_OK(rdzv_rec_failure_encode(&f, &text));
+    CK_OK(rdzv_rec_failure_decode(text, strlen(text), &d));
+    ck_assert_str_eq(d.error, "");
+    ck_assert_str_eq(d.stderr_tail, "");
+    rdzv_rec_failure_cleanup(&d);
+    free(text);
+
+    const char *bad = "{\"round\":3,\"agent\":\"a\",\"addr\":\"b\",\"rank\":0,\"local_rank\":0,"
+                      "\"exit_code\":1,\"signal\":0,\"time\":1,\"error\":5,\"stderr_tail\":\"\"}";
+    ck_assert_int_eq(rdzv_rec_failure_decode(bad, strlen(bad), &d), RG_EPROTO);
+}
+END_TEST
+
+START_TEST(test_progress_record)
+{
+    rdzv_progress_rec_t p = {.step = 1200, .epoch = 3, .round = 2, .time = 1764580000.125,
+                             .n_metrics = 3};
+    rdzv_progress_rec_t *d = calloc(1, sizeof(*d));
+    char text[4096];
+
+    snprintf(p.metrics[0].name, sizeof(p.metrics[0].name), "loss");
+    p.metrics[0].value = 0.25;
+    snprintf(p.metrics[1].name, sizeof(p.metrics[1].name), "acc.top-1");
+    p.metrics[1].value = 91.5;
+    snprintf(p.metrics[2].name, sizeof(p.metrics[2].name), "grad_norm");
+    p.metrics[2].value = INFINITY;
+    CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
+    ck_assert_str_eq(text, "{\"step\":1200,\"epoch\":3,\"round\":2,\"time\":1764580000.125,"
+                           "\"metrics\":{\"loss\":0.25,\"acc.top-1\":91.5,\"grad_norm\":null}}");
+    CK_OK(rdzv_rec_progress_decode(text, strlen(text), d));
+    ck_assert_int_eq(d->step, 1200);
+    ck_assert_int_eq(d->epoch, 3);
+    ck_assert_int_eq(d->round, 2);
+    ck_assert(fabs(d->time - p.time) < 1e-6);
+    ck_assert_uint_eq(d->n_metrics, 3);
+    ck_assert_str_eq(d->metrics[1].name, "acc.top-1");
+    ck_assert(d->metrics[1].value == 91.5);
+    ck_assert(isnan(d->metrics[2].value));
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_progress_decode(text, len, d), RG_EPROTO);
+    }
+    /* Too small a buffer, a bad name, too many metrics: refused. */
+    ck_assert_int_eq(rdzv_rec_progress_encode(&p, text, 40), RG_EINVAL);
+    snprintf(p.metrics[0].name, sizeof(p.metrics[0].name), "a\"b");
+    ck_assert_int_eq(rdzv_rec_progress_encode(&p, text, sizeof(text)), RG_EINVAL);
+    p.n_metrics = RDZV_PROGRESS_METRICS + 1;
+    ck_assert_int_eq(rdzv_rec_progress_encode(&p, text, sizeof(text)), RG_EINVAL);
+
+    /* Every metric at its longest still fits the 4 KiB record the worker API keeps. */
+    p.n_metrics = RDZV_PROGRESS_METRICS;
+    for (int i = 0; i < RDZV_PROGRESS_METRICS; i++) {
+        memset(p.metrics[i].name, 'm', RDZV_METRIC_NAME_MAX);
+        p.metrics[i].name[RDZV_METRIC_NAME_MAX] = '\0';
+        p.metrics[i].name[0] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefgh"[i];
+        p.metrics[i].value = -1.234567e-300;
+    }
+    CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
+    CK_OK(rdzv_rec_progress_decode(text, strlen(text), d));
+    ck_assert_uint_eq(d->n_metrics, RDZV_PROGRESS_METRICS);
+
+    const char *bad[] = {
+        "{\"step\":-1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{}}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":\"1\",\"metrics\":{}}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{\"a b\":1}}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{\"a\":\"1\"}}",
+        "{\"step\":1,\"epoch\":0,\"time\":1,\"metrics\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(rdzv_rec_progress_decode(bad[i], strlen(bad[i]), d) == RG_EPROTO, "%s",
+                      bad[i]);
+    }
+    free(d);
+}
+END_TEST
+
+START_TEST(test_restored_record)
+{
+    rdzv_restored_rec_t r = {.round = 4, .step = 3000};
+    rdzv_restored_rec_t d = {0};
+    char text[64];
+
+    CK_OK(rdzv_rec_restored_encode(&r, text, sizeof(text)));
+    ck_assert_str_eq(text, "{\"round\":4,\"step\":3000}");
+    CK_OK(rdzv_rec_restored_decode(text, strlen(text), &d));
+    ck_assert_int_eq(d.round, 4);
+    ck_assert_int_eq(d.step, 3000);
+    ck_assert_int_eq(rdzv_rec_restored_encode(&r, text, 10), RG_EINVAL);
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_restored_decode(text, len, &d), RG_EPROTO);
+    }
+    const char *bad = "{\"round\":4,\"step\":\"3000\"}";
+    ck_assert_int_eq(rdzv_rec_restored_decode(bad, strlen(bad), &d), RG_EPROTO);
+}
+END_TEST
+
+/* ---- golden records in tests/data/rdzv/ ---------------------------------------------------- */
+
+#ifndef RDZV_TEST_DATA
+#error "RDZV_TEST_DATA must name tests/data/rdzv"
+#endif
+
+static size_t slurp(const char *name, char *buf, size_t cap)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", RDZV_TEST_DATA, name);
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s", path);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    ck_assert_uint_lt(n, cap);
+    return n;
+}
+
+/* Decodes a golden file with the decoder its name says. */
+static rg_status_t decode_file(const char *name)
+{
+    static char v[1 << 16];
+    static rg_rdzv_assignment_t a;
+    static rdzv_progress_rec_t p;
+    size_t n = slurp(name, v, sizeof(v));
+    const char *kind = strncmp(name, "bad_", 4) == 0 ? name + 4 : name;
+    rdzv_node_rec_t nd;
+    rg_rdzv_member_t m;
+    rdzv_failure_rec_t f;
+    rdzv_restored_rec_t r;
+    int64_t x;
+    rg_status_t st;
+
+    if (strncmp(kind, "node", 4) == 0) {
+        return rdzv_rec_node_decode(v, n, &nd);
+    } else if (strncmp(kind, "waiting", 7) == 0) {
+        return rdzv_rec_waiting_decode(v, n, &m);
+    } else if (strncmp(kind, "closed", 6) == 0) {
+        return rdzv_rec_closed_decode(v, n, 1, &a);
+    } else if (strncmp(kind, "failure", 7) == 0) {
+        st = rdzv_rec_failure_decode(v, n, &f);
+        rdzv_rec_failure_cleanup(&f);
+        return st;
+    } else if (strncmp(kind, "progress", 8) == 0) {
+        return rdzv_rec_progress_decode(v, n, &p);
+    } else if (strncmp(kind, "restored", 8) == 0) {
+        return rdzv_rec_restored_decode(v, n, &r);
+    } else if (strncmp(kind, "round", 5) == 0) {
+        return rdzv_rec_round_decode(v, n, &x);
+    } else if (strncmp(kind, "latest", 6) == 0) {
+        return rdzv_rec_ckpt_latest_decode(v, n, &x);
+    }
+    ck_abort_msg("%s: no decoder for this name", name);
+    return RG_EINVAL;
+}
+
+START_TEST(test_golden_records)
+{
+    const char *good[] = {"node.json", "waiting.json", "closed.json", "failure.json",
+                          "progress.json", "restored.json", "round.txt", "latest.txt"};
+    const char *bad[] = {"bad_closed_cut.json", "bad_closed_nproc.json",
+                         "bad_node_duplicate.json", "bad_progress_type.json",
+                         "bad_restored_missing.json", "bad_round_space.txt"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ck_assert_msg(decode_file(good[i]) == RG_OK, "%s: %s", good[i], rg_last_error());
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(decode_file(bad[i]) == RG_EPROTO, "%s decoded", bad[i]);
+    }
+    /* The golden failure record holds what the table shows. */
+    char v[1024];
+    size_t n = slurp("failure.json", v, sizeof(v));
+    rdzv_failure_rec_t f;
+    CK_OK(rdzv_rec_failure_decode(v, n, &f));
+    ck_assert_str_eq(f.stderr_tail, "step 10\nstep 11\n");
+    ck_assert_int_eq(f.signal, 9);
+    rdzv_rec_failure_cleanup(&f);
+}
+END_TEST
+
+static Suite *rdzv_keys_suite(void)
+{
+    Suite *s = suite_create("rdzv_keys");
+    TCase *tk = tcase_create("keys");
+    tcase_add_test(tk, test_keys_layout);
+    tcase_add_test(tk, test_keys_bounded);
+    tcase_add_test(tk, test_keys_job_ids);
+    tcase_add_test(tk, test_agent_ids);
+    suite_add_tcase(s, tk);
+    TCase *tr = tcase_create("records");
+    tcase_add_test(tr, test_numbers);
+    tcase_add_test(tr, test_node_record);
+    tcase_add_test(tr, test_waiting_record);
+    tcase_add_test(tr, test_closed_record);
+    tcase_add_test(tr, test_failure_record);
+    tcase_add_test(tr, test_progress_record);
+    tcase_add_test(tr, test_restored_record);
+    tcase_add_test(tr, test_golden_records);
+    suite_add_tcase(s, tr);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(rdzv_keys_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
