@@ -3,7 +3,7 @@
  * (include/regroup/rdzv.h allows one handle per thread), join the same rounds.
  */
 #include "rg_common.h"
-#include "etcd_server.h"
+#include "test_util.h"
 #include "rdzv_keys.h"
 
 #include <regroup/rdzv.h>
@@ -16,19 +16,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#define FAST_ETCD "--heartbeat-interval=10 --election-timeout=100"
 #define ROUNDS    8
 
-static rg_etcd_server_t srv;
+static test_etcd_t etcd;
 
 static void up(void)
 {
-    ck_assert_int_eq(rg_etcd_server_start(&srv, FAST_ETCD), 0);
+    test_etcd_opts_t o = {.extra_flags = TEST_ETCD_FAST};
+    test_etcd_up(&etcd, &o);
 }
 
 static void down(void)
 {
-    rg_etcd_server_stop(&srv);
+    test_etcd_down(&etcd);
 }
 
 typedef struct {
@@ -46,7 +46,7 @@ static void *join_main(void *arg)
 
 static rg_rdzv_t *handle(const char *job, int nproc)
 {
-    rg_rdzv_params_t p = {.etcd = {.endpoints = srv.endpoints, .timeout_ms = 3000},
+    rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
                           .job = job, .addr = "127.0.0.1", .nproc = nproc, .min_nodes = 2,
                           .max_nodes = 2, .lease_ttl_s = 5, .last_call_ms = 500,
                           .join_timeout_ms = 30000, .max_restarts = 3};
@@ -159,9 +159,5 @@ static Suite *rdzv_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(rdzv_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("rdzv", rdzv_suite(), NULL);
 }

@@ -1,6 +1,8 @@
 /* rendezvous/rdzv_close.c: the close policy of a round, a pure function: no etcd, no clock. */
 #include "rdzv_internal.h"
 
+#include "test_util.h"
+
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,9 +254,5 @@ static Suite *rdzv_close_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(rdzv_close_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("rdzv_close", rdzv_close_suite(), NULL);
 }

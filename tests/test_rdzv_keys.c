@@ -1,6 +1,8 @@
 /* rendezvous/rdzv_keys.h: the job's key layout and its records, without etcd. */
 #include "rdzv_keys.h"
 
+#include "test_util.h"
+
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -551,9 +553,5 @@ static Suite *rdzv_keys_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(rdzv_keys_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("rdzv_keys", rdzv_keys_suite(), NULL);
 }
