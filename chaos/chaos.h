@@ -19,6 +19,7 @@
 #define REGROUP_CHAOS_H
 
 #include "etcd_server.h"
+#include "rdzv_keys.h"
 #include "rg_common.h"
 
 #include <regroup/etcd.h>
@@ -132,8 +133,10 @@ typedef struct {
     } procs;
 
     struct {                 /* chaos_jobstate.c */
-        rg_etcd_t       *cli;
-        rg_etcd_params_t params;
+        rg_etcd_t            *cli;
+        rg_etcd_params_t      params;
+        rdzv_keys_t           keys;    /* the job's key layout (rendezvous/rdzv_keys.h) */
+        rg_rdzv_assignment_t *closed;  /* scratch for a decoded closed record (~90 KiB) */
     } job;
 
     struct {                 /* chaos_faults.c, chaos_cycle.c */

@@ -1,29 +1,19 @@
 /*
- * Every read rg-chaos makes of the job's state in etcd: the only place that knows the key
- * layout under /regroup/<job>/ (job CHAOS_JOB_ID, "chaos") and the records other parts of
- * regroup write there, so that a change of either is a change to this file alone.
- *
- * Keys and records read (written by the workers and the agents, never by rg-chaos):
- *   /regroup/chaos/status/progress/0  rank 0's progress record, parsed with sscanf:
- *                                     {"step":S,"epoch":E,"round":R,"time":T,...}
- *                                     -> chaos_job_progress (step, round, time)
- *   /regroup/chaos/ckpt/latest        the newest committed step, a decimal number
- *                                     -> chaos_job_committed_step
- *   /regroup/chaos/status/restored    the step a round resumed from: {"round":R,"step":S}
- *                                     -> chaos_job_restored
- *   /regroup/chaos/failures/          one key per recorded failure; only counted
- *                                     -> chaos_job_failure_count
- *   /regroup/chaos/rounds/<r>/closed  round r's final member list; an agent is found in it
- *                                     by "-<pid>-" (agent ids are host-pid-random)
- *                                     -> chaos_job_agent_in_round
- *   the whole job, through rg_rdzv_status_print(job "chaos")
- *                                     -> chaos_job_print_state
+ * Every read rg-chaos makes of the job's state in etcd (job CHAOS_JOB_ID, "chaos"). The keys
+ * and the records' formats are rendezvous/rdzv_keys.h's, the module every other part of
+ * regroup writes them with; this file only chooses what to read:
+ *   rank 0's progress record          -> chaos_job_progress (step, round, time)
+ *   ckpt/latest, the committed step   -> chaos_job_committed_step
+ *   status/restored                   -> chaos_job_restored
+ *   failures/, counted                -> chaos_job_failure_count
+ *   rounds/<r>/closed, an agent's pid -> chaos_job_agent_in_round
+ *   the whole job (rg_rdzv_status_print) -> chaos_job_print_state
+ * A record that does not decode counts as absent, as an unreadable one did before.
  */
 #include "chaos.h"
 
 #include <regroup/rdzv.h>
 
-#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +22,15 @@
 
 bool chaos_job_open(chaos_t *c)
 {
+    if (rdzv_keys_init(&c->job.keys, CHAOS_JOB_ID) != RG_OK) {
+        chaos_say("job keys: %s", rg_last_error());
+        return false;
+    }
+    c->job.closed = calloc(1, sizeof(*c->job.closed));
+    if (c->job.closed == NULL) {
+        chaos_say("job state: out of memory");
+        return false;
+    }
     c->job.params = (rg_etcd_params_t){.endpoints = c->procs.etcd.endpoints,
                                        .timeout_ms = JOB_ETCD_TIMEOUT_MS};
     if (rg_etcd_create(&c->job.params, &c->job.cli) != RG_OK) {
@@ -45,60 +44,79 @@ void chaos_job_close(chaos_t *c)
 {
     rg_etcd_destroy(c->job.cli);
     c->job.cli = NULL;
+    free(c->job.closed);
+    c->job.closed = NULL;
+}
+
+/* The value of a key (caller frees), or NULL if absent or etcd does not answer. */
+static char *job_get(chaos_t *c, rg_status_t (*key_of)(const rdzv_keys_t *, char *, size_t),
+                     size_t *len)
+{
+    char key[RDZV_KEY_MAX];
+    char *v;
+    if (key_of(&c->job.keys, key, sizeof(key)) != RG_OK ||
+        rg_etcd_get(c->job.cli, key, 0, &v, len, NULL) != RG_OK) {
+        return NULL;
+    }
+    return v;
+}
+
+static rg_status_t progress_key_0(const rdzv_keys_t *k, char *buf, size_t cap)
+{
+    return rdzv_keys_progress(k, 0, buf, cap);
 }
 
 bool chaos_job_progress(chaos_t *c, chaos_progress_t *p)
 {
-    char *v;
+    rdzv_progress_rec_t rec;
     size_t len;
-    if (rg_etcd_get(c->job.cli, "/regroup/chaos/status/progress/0", 0, &v, &len, NULL) !=
-        RG_OK) {
-        return false;
-    }
-    bool ok = sscanf(v, "{\"step\":%" SCNd64 ",\"epoch\":%*d,\"round\":%d,\"time\":%lf",
-                     &p->step, &p->round, &p->time) == 3;
+    char *v = job_get(c, progress_key_0, &len);
+    bool ok = v != NULL && rdzv_rec_progress_decode(v, len, &rec) == RG_OK;
     free(v);
+    if (ok) {
+        p->step = rec.step;
+        p->round = rec.round;
+        p->time = rec.time;
+    }
     return ok;
 }
 
-/* A key holding one number in the given scanf format; -1 if absent or unreadable. */
-static int64_t job_read_i64(chaos_t *c, const char *key, const char *fmt)
-{
-    char *v;
-    size_t len;
-    int64_t x = -1;
-    if (rg_etcd_get(c->job.cli, key, 0, &v, &len, NULL) == RG_OK) {
-        if (sscanf(v, fmt, &x) != 1) {
-            x = -1;
-        }
-        free(v);
-    }
-    return x;
-}
-
+/* The newest committed step, or -1 if there is none or it cannot be read. */
 int64_t chaos_job_committed_step(chaos_t *c)
 {
-    return job_read_i64(c, "/regroup/chaos/ckpt/latest", "%" SCNd64);
+    int64_t step = -1;
+    size_t len;
+    char *v = job_get(c, rdzv_keys_ckpt_latest, &len);
+    if (v == NULL || rdzv_rec_ckpt_latest_decode(v, len, &step) != RG_OK) {
+        step = -1;
+    }
+    free(v);
+    return step;
 }
 
 bool chaos_job_restored(chaos_t *c, int *round, int64_t *step)
 {
-    char *v;
+    rdzv_restored_rec_t rec;
     size_t len;
-    if (rg_etcd_get(c->job.cli, "/regroup/chaos/status/restored", 0, &v, &len, NULL) != RG_OK) {
-        return false;
-    }
-    bool ok = sscanf(v, "{\"round\":%d,\"step\":%" SCNd64 "}", round, step) == 2;
+    char *v = job_get(c, rdzv_keys_restored, &len);
+    bool ok = v != NULL && rdzv_rec_restored_decode(v, len, &rec) == RG_OK;
     free(v);
+    if (ok) {
+        *round = rec.round;
+        *step = rec.step;
+    }
     return ok;
 }
 
 /* The number of failures the job recorded, or -1 if etcd does not answer. */
 int64_t chaos_job_failure_count(chaos_t *c)
 {
-    rg_etcd_range_req_t rq = {.key = "/regroup/chaos/failures/", .prefix = true,
-                              .count_only = true};
+    char prefix[RDZV_KEY_MAX];
     rg_etcd_range_t r;
+    if (rdzv_keys_failures_prefix(&c->job.keys, prefix, sizeof(prefix)) != RG_OK) {
+        return -1;
+    }
+    rg_etcd_range_req_t rq = {.key = prefix, .prefix = true, .count_only = true};
     if (rg_etcd_range(c->job.cli, &rq, 0, &r) != RG_OK) {
         return -1;
     }
@@ -107,20 +125,21 @@ int64_t chaos_job_failure_count(chaos_t *c)
     return n;
 }
 
-/* Whether round r closed with the agent of this pid among its members. */
+/* Whether round r closed with the agent of this pid (on any host) among its members. */
 bool chaos_job_agent_in_round(chaos_t *c, int r, pid_t pid)
 {
-    char needle[32];
-    char key[128];
+    char key[RDZV_KEY_MAX];
     char *v;
     size_t len;
     bool found = false;
-    snprintf(needle, sizeof(needle), "-%d-", (int)pid);
-    snprintf(key, sizeof(key), "/regroup/chaos/rounds/%d/closed", r);
-    if (rg_etcd_get(c->job.cli, key, 0, &v, &len, NULL) == RG_OK) {
-        found = strstr(v, needle) != NULL;
-        free(v);
+    if (rdzv_keys_closed(&c->job.keys, r, key, sizeof(key)) != RG_OK ||
+        rg_etcd_get(c->job.cli, key, 0, &v, &len, NULL) != RG_OK) {
+        return false;
     }
+    if (rdzv_rec_closed_decode(v, len, r, c->job.closed) == RG_OK) {
+        found = rdzv_assignment_find_pid(c->job.closed, NULL, pid) >= 0;
+    }
+    free(v);
     return found;
 }
 
