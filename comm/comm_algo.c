@@ -127,20 +127,6 @@ static rg_status_t comm_phases_advance(rg_comm_req_t *req)
     return RG_INPROGRESS;
 }
 
-rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n)
-{
-    rg_status_t result = RG_OK;
-    for (int i = first; i < first + n; i++) {
-        rg_status_t st = comm_xfer_test(req, &req->xfers[i]);
-        if (st == RG_INPROGRESS) {
-            result = RG_INPROGRESS;
-        } else if (st != RG_OK) {
-            return st;
-        }
-    }
-    return result;
-}
-
 static uint64_t tag_from(rg_comm_req_t *req, int src, uint32_t sub)
 {
     return comm_tag(req->comm, src, req->seq, sub);

@@ -78,6 +78,20 @@ void comm_xfers_free(rg_comm_req_t *req)
     req->n_xfers = 0;
 }
 
+rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n)
+{
+    rg_status_t result = RG_OK;
+    for (int i = first; i < first + n; i++) {
+        rg_status_t st = comm_xfer_test(req, &req->xfers[i]);
+        if (st == RG_INPROGRESS) {
+            result = RG_INPROGRESS;
+        } else if (st != RG_OK) {
+            return st;
+        }
+    }
+    return result;
+}
+
 void comm_req_bury(rg_comm_req_t *req)
 {
     /* Device scratch would need cudaFree after the worker is gone; host only here. */
