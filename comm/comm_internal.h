@@ -23,6 +23,7 @@
 #ifndef RG_COMM_INTERNAL_H
 #define RG_COMM_INTERNAL_H
 
+#include "comm_choose.h"
 #include "rg_common.h"
 
 #include <regroup/comm.h>
@@ -68,7 +69,7 @@ struct rg_comm_req {
     const char     *name;     /* "allreduce", ... for messages */
     comm_advance_fn advance;
     uint32_t        seq;
-    int             kind;     /* COMM_BARRIER, ... (collectives) */
+    comm_coll_t     kind;     /* collectives */
     bool            is_p2p;
     bool            uses_shm; /* comm_shm.c's: needs no UCX progress */
     uint64_t        shm_seq;
@@ -130,12 +131,10 @@ struct rg_comm {
     bool          closing;      /* in rg_comm_destroy */
     int           failed_rank;
     uint32_t      seq;
-    size_t        ring_min_bytes; /* messages this large use the ring */
-    size_t        rhd_max_bytes;  /* allreduces smaller than this, from ring_min_bytes on,
-                                     use recursive halving/doubling (n a power of two) */
-    size_t        seg_bytes;      /* largest ring segment */
-    bool          seg_default;    /* seg_bytes not chosen by REGROUP_COMM_SEGMENT_BYTES */
-    size_t        ring_window;    /* ring segments in flight */
+    comm_tuning_t tuning;       /* read once (comm_group.c), alike on every rank */
+    bool          seg_default;  /* seg_bytes not chosen by REGROUP_COMM_SEGMENT_BYTES */
+    uint64_t      algo_ops[COMM_COLL_COUNT][COMM_ALGO_COUNT]; /* collectives started, by
+                                                                 algorithm (comm_coll.c) */
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
     rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
@@ -243,12 +242,12 @@ rg_status_t comm_check_op(const char *name, rg_dtype_t dtype, rg_redop_t op);
 /* Tests every transfer of req in [first, first + n); RG_OK when all done. */
 rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);
 
-/* ---- comm_algo.c ----------------------------------------------------------------------- */
+/* ---- comm_coll.c ----------------------------------------------------------------------- */
 
-enum { COMM_BARRIER, COMM_BCAST, COMM_ALLREDUCE, COMM_ALLGATHER, COMM_REDSCAT };
-rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void *recvbuf,
-                           size_t count, rg_dtype_t dtype, rg_redop_t op, int root,
-                           const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
+/* Checks, chooses the algorithm (comm_choose.h), counts it, sets up and starts the request. */
+rg_status_t comm_coll_post(rg_comm_t *comm, comm_coll_t kind, const void *sendbuf,
+                           void *recvbuf, size_t count, rg_dtype_t dtype, rg_redop_t op,
+                           int root, const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
 void       *comm_buf_alloc(rg_comm_req_t *req, size_t bytes);
 void        comm_buf_free(rg_comm_req_t *req, void *p);
 rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes);
@@ -257,18 +256,22 @@ rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, cons
 /* Divides by the group size when the op is avg. */
 rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n);
 
-/* ---- comm_shm.c ------------------------------------------------------------------------ */
+/* ---- comm_algo.c ----------------------------------------------------------------------- */
 
-/* Largest input of a collective that goes through shared memory. */
-#define COMM_SHM_MAX_BYTES 4096
+/* Sets req (a collective `coll`, its buffers and counts filled in) up to run `algo`. */
+rg_status_t comm_algo_start(rg_comm_req_t *req, comm_coll_t coll, comm_algo_t algo);
+/* The advance of a request with nothing left to do. */
+rg_status_t comm_done_advance(rg_comm_req_t *req);
+
+/* ---- comm_shm.c ------------------------------------------------------------------------ */
 
 /* After the group is connected: finds the ranks on this host and, when all are and shared
  * memory is allowed (REGROUP_COMM_SHM, UCX_TLS), maps every rank's segment. Collective: every
  * rank calls it. Errors are the exchange's (a peer failed, the deadline passed). */
 rg_status_t comm_local_setup(rg_comm_t *comm, rg_deadline_t deadline);
 void        comm_shm_free(rg_comm_t *comm);
-/* Whether a collective of this kind with `bytes` per rank goes through shared memory. */
-bool        comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem);
+/* Whether the group's shared memory is in use (every rank mapped every segment). */
+bool        comm_shm_on(const rg_comm_t *comm);
 /* Whether the peer of x (a shared-memory transfer of req) has published its input. */
 bool        comm_shm_arrived(const rg_comm_req_t *req, const comm_xfer_t *x);
 /* Switches req to the shared-memory path. */

@@ -1,6 +1,6 @@
 /*
  * Requests (post, test, wait, free), argument checks, point to point, and the public entry
- * points of the collectives (which hand over to comm_algo.c).
+ * points of the collectives (which hand over to comm_coll.c).
  */
 #include "comm_internal.h"
 

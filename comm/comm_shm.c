@@ -335,15 +335,9 @@ static size_t comm_shm_input(const rg_comm_req_t *req, const char **src)
     }
 }
 
-bool comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem)
+bool comm_shm_on(const rg_comm_t *comm)
 {
-    if (comm->shm == NULL || !comm->shm->on || mem != UCS_MEMORY_TYPE_HOST) {
-        return false;
-    }
-    if (kind == COMM_REDSCAT) {
-        return bytes <= COMM_SHM_MAX_BYTES / (size_t)comm->size;
-    }
-    return bytes <= COMM_SHM_MAX_BYTES;
+    return comm->shm != NULL && comm->shm->on;
 }
 
 /* Everything has arrived: the result, from the slots alone, in rank order. */
