@@ -139,6 +139,7 @@ struct rg_comm {
     rg_comm_req_t *tail;
     rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
     unsigned      passes;       /* progress passes, to check deadlines every few */
+    bool          ucx_due;      /* a waiter gave its core away: run UCX in the next pass */
     unsigned      n_posted;     /* requests in the list */
     unsigned      n_posted_shm; /* of those, shared-memory ones */
     struct comm_shm *shm;       /* small collectives on one host (comm_shm.c), or NULL */

@@ -54,9 +54,14 @@ bool comm_progress(rg_comm_t *comm)
     bool moved = false;
     const unsigned pass = ++comm->passes;
     /* Shared-memory requests need UCX only to hear of failures (endpoint errors, abort
-     * messages), which a pass in every COMM_SHM_UCX_EVERY still does within microseconds. */
+     * messages), which a pass in every COMM_SHM_UCX_EVERY still does within microseconds
+     * while the waiter spins. A waiter that gave its core away (oversubscribed, or idle for
+     * long) may not run again for a time slice: counting passes alone then left UCX, and
+     * its keepalive (which checks peers on one call in 32), unrun for up to a second on a
+     * loaded host, so such a pass runs UCX too. */
     const bool shm_only = comm->n_posted > 0 && comm->n_posted == comm->n_posted_shm;
-    if (!shm_only || pass % COMM_SHM_UCX_EVERY == 0) {
+    if (!shm_only || pass % COMM_SHM_UCX_EVERY == 0 || comm->ucx_due) {
+        comm->ucx_due = false;
         for (int i = 0; i < 16; i++) {
             if (ucp_worker_progress(comm->worker) == 0) {
                 break;

@@ -196,6 +196,7 @@ rg_status_t rg_comm_req_wait(rg_comm_req_t *req)
         } else if (++idle >= spin) {
             idle = 0;
             sched_yield();
+            req->comm->ucx_due = true;
         }
     }
     if (req->status < 0) {
