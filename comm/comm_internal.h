@@ -243,7 +243,9 @@ rg_status_t comm_check_op(const char *name, rg_dtype_t dtype, rg_redop_t op);
 /* Tests every transfer of req in [first, first + n); RG_OK when all done. */
 rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);
 
-/* ---- comm_coll.c ----------------------------------------------------------------------- */
+/* ---- comm_choose.c: rg__comm_algo_choose, rg__comm_algo_name (in comm_choose.h) ------- */
+
+/* ---- comm_coll.c (and rg__comm_algo_count, in comm_choose.h) -------------------------- */
 
 /* Checks, chooses the algorithm (comm_choose.h), counts it, sets up and starts the request. */
 rg_status_t comm_coll_post(rg_comm_t *comm, comm_coll_t kind, const void *sendbuf,

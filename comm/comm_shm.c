@@ -3,8 +3,9 @@
  *
  * Every rank owns a segment with two slots. For its k-th small collective (k counts from 1 and
  * is the same on every rank, since collectives are called in the same order and the choice of
- * this path depends only on the call's arguments), a rank copies its input into slot k % 2 and
- * then publishes k in that slot's sequence word (a release store). It waits until every peer's
+ * this path, in comm_choose.c, depends only on the call's arguments and on what every rank of
+ * the group agreed at set-up), a rank copies its input into slot k % 2 and then publishes k
+ * in that slot's sequence word (a release store). It waits until every peer's
  * slot k % 2 shows k, and computes its result from the slots alone, in rank order, so every rank
  * ends with the same bits.
  *
