@@ -1,5 +1,6 @@
 /*
- * Collective algorithms for small messages, and the choice between them and the ring.
+ * The collective algorithms on UCX transfers, except the ring (comm_ring.c), and setting a
+ * request up for the algorithm rg__comm_algo_choose picked (comm_choose.c).
  *
  * Small messages take few, latency-bound rounds:
  *   barrier         dissemination (ceil(log2 n) rounds, any n)
@@ -8,9 +9,8 @@
  *                   pairwise into rem ranks before and unfold after
  *   allgather       direct exchange with every peer (one round)
  *   reduce_scatter  direct exchange, then a local fold in a fixed order
- * Large messages use the segmented ring (comm_ring.c); broadcast scatters from the root first.
- * Allreduces between the two, on a power of two ranks, may use recursive halving/doubling
- * (REGROUP_COMM_RHD_MAX_BYTES; by default over tcp below 4 MiB).
+ * Large messages use the segmented ring; broadcast scatters from the root first. Allreduces
+ * between the two, on a power of two ranks, may use recursive halving/doubling.
  * A phase posts its transfers; when they are all done, its `done` step reduces what arrived.
  */
 #include "comm_internal.h"
@@ -36,62 +36,6 @@ static int ceil_log2(int n)
 static int mod(int a, int n)
 {
     return ((a % n) + n) % n;
-}
-
-/* ---- local data movement, host or device ----------------------------------------------- */
-
-void *comm_buf_alloc(rg_comm_req_t *req, size_t bytes)
-{
-    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
-        return comm_dev_alloc(bytes);
-    }
-    return malloc(bytes ? bytes : 1);
-}
-
-void comm_buf_free(rg_comm_req_t *req, void *p)
-{
-    if (p == req->tmp_inline.bytes) {
-        return;
-    }
-    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
-        comm_dev_free(p);
-    } else {
-        free(p);
-    }
-}
-
-rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes)
-{
-    if (dst == src || bytes == 0) {
-        return RG_OK;
-    }
-    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
-        return comm_copy_dev(dst, src, bytes);
-    }
-    memmove(dst, src, bytes);
-    return RG_OK;
-}
-
-rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, const void *b,
-                              size_t n)
-{
-    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
-        return comm_reduce_dev(req->dtype, req->op, dst, a, b, n);
-    }
-    comm_reduce(req->dtype, req->op, dst, a, b, n);
-    return RG_OK;
-}
-
-rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n)
-{
-    if (req->op != RG_OP_AVG) {
-        return RG_OK;
-    }
-    if (req->mem == UCS_MEMORY_TYPE_CUDA) {
-        return comm_reduce_scale_dev(req->dtype, buf, n, req->comm->size);
-    }
-    comm_reduce_scale(req->dtype, buf, n, req->comm->size);
-    return RG_OK;
 }
 
 /* ---- the phase engine ------------------------------------------------------------------ */
@@ -125,20 +69,6 @@ static rg_status_t comm_phases_advance(rg_comm_req_t *req)
         }
     }
     return RG_INPROGRESS;
-}
-
-rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n)
-{
-    rg_status_t result = RG_OK;
-    for (int i = first; i < first + n; i++) {
-        rg_status_t st = comm_xfer_test(req, &req->xfers[i]);
-        if (st == RG_INPROGRESS) {
-            result = RG_INPROGRESS;
-        } else if (st != RG_OK) {
-            return st;
-        }
-    }
-    return result;
 }
 
 static uint64_t tag_from(rg_comm_req_t *req, int src, uint32_t sub)
@@ -488,9 +418,9 @@ static rg_status_t rs_direct_done(rg_comm_req_t *req, int phase)
 
 static const comm_phases_t rs_direct_phases = {rs_direct_post, rs_direct_done};
 
-/* ---- choosing ---------------------------------------------------------------------------- */
+/* ---- setting a request up for the chosen algorithm ----------------------------------- */
 
-static rg_status_t comm_done_advance(rg_comm_req_t *req)
+rg_status_t comm_done_advance(rg_comm_req_t *req)
 {
     (void)req;
     return RG_OK;
@@ -519,148 +449,100 @@ static rg_status_t use_phases(rg_comm_req_t *req, const comm_phases_t *ph, int n
     return RG_OK;
 }
 
-static rg_status_t comm_algo_choose(rg_comm_req_t *req, int kind)
+/* What every rank does alone: with one rank the result is the input (reduce_scatter: scaled
+ * for avg), written to `final` for reduce_scatter; with no elements, nothing. */
+static rg_status_t local_only(rg_comm_req_t *req, comm_coll_t coll, char *final)
 {
-    rg_comm_t *comm = req->comm;
-    const int n = comm->size;
-    const int r = comm->rank;
     const size_t bytes = req->count * req->esize;
-    const bool ring = bytes >= comm->ring_min_bytes;
+    req->advance = comm_done_advance;
+    if (req->count == 0 || coll == COMM_BARRIER || coll == COMM_BCAST) {
+        return RG_OK;
+    }
+    if (coll == COMM_ALLREDUCE) {
+        return comm_local_copy(req, req->out, req->in, bytes);
+    }
+    if (coll == COMM_ALLGATHER) {
+        return req->in != NULL ? comm_local_copy(req, req->out, req->in, bytes) : RG_OK;
+    }
+    rg_status_t st = comm_local_copy(req, final, req->in, bytes);
+    if (st == RG_OK) {
+        st = comm_local_scale(req, final, req->count);
+    }
+    return st;
+}
+
+rg_status_t comm_algo_start(rg_comm_req_t *req, comm_coll_t coll, comm_algo_t algo)
+{
+    const int n = req->comm->size;
+    const int r = req->comm->rank;
+    const size_t bytes = req->count * req->esize;
+    /* reduce_scatter: where this rank's block of the result goes */
+    char *final = req->in == req->out ? req->out + (size_t)r * bytes : req->out;
     rg_status_t st;
 
-    if (n > 1 && comm_shm_fits(comm, kind, bytes, req->mem)) {
-        return comm_shm_use(req);
+    if (coll == COMM_ALLGATHER && req->in != NULL && algo != COMM_ALGO_LOCAL &&
+        algo != COMM_ALGO_SHM) {
+        /* the own block, in place for the exchange */
+        st = comm_local_copy(req, req->out + (size_t)r * bytes, req->in, bytes);
+        if (st != RG_OK) {
+            return st;
+        }
     }
-
-    switch (kind) {
-    case COMM_BARRIER:
+    switch (algo) {
+    case COMM_ALGO_LOCAL:
+        return local_only(req, coll, final);
+    case COMM_ALGO_SHM:
+        return comm_shm_use(req);
+    case COMM_ALGO_DISSEMINATION:
         st = use_phases(req, &barrier_phases, ceil_log2(n), 2, 2);
         if (st == RG_OK) {
             memset(req->tmp, 0, 2);
         }
         return st;
-    case COMM_BCAST:
-        if (n == 1) {
-            break;
-        }
-        if (ring && req->count >= (size_t)n) {
-            return use_phases(req, &bcast_scatter_phases, 1, n, 0);
-        }
+    case COMM_ALGO_TREE:
         return use_phases(req, &bcast_tree_phases, 2, 1 + ceil_log2(n), 0);
-    case COMM_ALLREDUCE:
-        if (n >= 4 && (n & (n - 1)) == 0 && ring && bytes < comm->rhd_max_bytes &&
-            req->count >= (size_t)n) {
-            size_t half = (req->count / (size_t)n + 1) * (size_t)(n / 2) * req->esize;
-            return use_phases(req, &rhd_phases, 2 * ceil_log2(n), 2, half);
-        }
-        if (n > 1 && ring && req->count >= (size_t)n) {
-            /* Out of place needs no copy: each reduce-scatter step reads sendbuf's chunk and
-             * writes recvbuf's; the one chunk never reduced here arrives by allgather. */
-            comm_ring_cfg_t cfg = {.do_rs = true, .do_ag = true, .base = req->count / (size_t)n,
-                                   .rem = req->count % (size_t)n};
-            return comm_ring_init(req, &cfg);
-        }
+    case COMM_ALGO_SCATTER_RING:
+        return use_phases(req, &bcast_scatter_phases, 1, n, 0);
+    case COMM_ALGO_RD:
         st = comm_local_copy(req, req->out, req->in, bytes);
-        if (st != RG_OK || n == 1) {
-            if (st == RG_OK) {
-                break;
-            }
+        if (st != RG_OK) {
             return st;
         }
         return use_phases(req, &rd_phases, 2 + ceil_log2(rd_shape(n, r).p2), 2, bytes);
-    case COMM_ALLGATHER:
-        if (req->in != NULL) {
-            st = comm_local_copy(req, req->out + (size_t)r * bytes, req->in, bytes);
-            if (st != RG_OK) {
-                return st;
-            }
-        }
-        if (n == 1) {
+    case COMM_ALGO_RHD: {
+        size_t half = (req->count / (size_t)n + 1) * (size_t)(n / 2) * req->esize;
+        return use_phases(req, &rhd_phases, 2 * ceil_log2(n), 2, half);
+    }
+    case COMM_ALGO_RING: {
+        comm_ring_cfg_t cfg = {0};
+        if (coll == COMM_ALLREDUCE) {
+            /* Out of place needs no copy: each reduce-scatter step reads sendbuf's chunk and
+             * writes recvbuf's; the one chunk never reduced here arrives by allgather. */
+            cfg = (comm_ring_cfg_t){.do_rs = true, .do_ag = true,
+                                    .base = req->count / (size_t)n,
+                                    .rem = req->count % (size_t)n};
+        } else if (coll == COMM_ALLGATHER) {
+            cfg = (comm_ring_cfg_t){.do_ag = true, .shift = -1, .base = req->count};
+        } else if (coll == COMM_REDSCAT) {
+            cfg = (comm_ring_cfg_t){.do_rs = true, .shift = -1, .base = req->count,
+                                    .rs_final = final};
+        } else {
             break;
         }
-        if (ring) {
-            comm_ring_cfg_t cfg = {.do_ag = true, .shift = -1, .base = req->count};
-            return comm_ring_init(req, &cfg);
+        return comm_ring_init(req, &cfg);
+    }
+    case COMM_ALGO_DIRECT:
+        if (coll == COMM_ALLGATHER) {
+            return use_phases(req, &ag_direct_phases, 1, 2 * (n - 1), 0);
         }
-        return use_phases(req, &ag_direct_phases, 1, 2 * (n - 1), 0);
-    case COMM_REDSCAT: {
-        char *final = req->in == req->out ? req->out + (size_t)r * bytes : req->out;
-        if (n == 1) {
-            st = comm_local_copy(req, final, req->in, bytes);
-            if (st == RG_OK) {
-                st = comm_local_scale(req, final, req->count);
-            }
-            req->advance = comm_done_advance;
+        if (coll == COMM_REDSCAT) {
+            st = use_phases(req, &rs_direct_phases, 1, 2 * (n - 1), (size_t)(n - 1) * bytes);
+            req->dst = final;
             return st;
         }
-        if (ring) {
-            comm_ring_cfg_t cfg = {.do_rs = true, .shift = -1, .base = req->count,
-                                   .rs_final = final};
-            return comm_ring_init(req, &cfg);
-        }
-        st = use_phases(req, &rs_direct_phases, 1, 2 * (n - 1), (size_t)(n - 1) * bytes);
-        req->dst = final;
-        return st;
+        break;
+    case COMM_ALGO_COUNT:
+        break;
     }
-    }
-    req->advance = comm_done_advance;
-    return RG_OK;
-}
-
-rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void *recvbuf,
-                           size_t count, rg_dtype_t dtype, rg_redop_t op, int root,
-                           const rg_comm_opts_t *opts, rg_comm_req_t **req_p)
-{
-    static const char *const names[] = {"barrier", "broadcast", "allreduce", "allgather",
-                                        "reduce_scatter"};
-    const char *name = names[kind];
-    rg_status_t st = comm_check_args(comm, name, dtype, count,
-                                     comm != NULL && (kind == COMM_ALLGATHER ||
-                                                      kind == COMM_REDSCAT)
-                                         ? (size_t)comm->size
-                                         : 1,
-                                     opts, req_p);
-    if (st != RG_OK) {
-        return st;
-    }
-    if (kind == COMM_ALLREDUCE || kind == COMM_REDSCAT) {
-        st = comm_check_op(name, dtype, op);
-        if (st != RG_OK) {
-            return st;
-        }
-    }
-    if (kind == COMM_BCAST && (root < 0 || root >= comm->size)) {
-        return rg_error(RG_EINVAL, "%s: root %d out of range (size %d)", name, root,
-                        comm->size);
-    }
-    if (kind != COMM_BARRIER && count > 0 && (recvbuf == NULL || sendbuf == NULL)) {
-        return rg_error(RG_EINVAL, "%s: NULL buffer", name);
-    }
-    rg_comm_req_t *req = NULL;
-    st = comm_req_new(comm, name, opts, 0, &req);
-    if (st != RG_OK) {
-        return st;
-    }
-    req->seq = comm->seq++;
-    req->kind = kind;
-    req->dtype = dtype;
-    req->op = op;
-    req->esize = rg_dtype_size(dtype);
-    req->count = count;
-    req->root = root;
-    req->out = recvbuf;
-    bool in_place = sendbuf == RG_COMM_IN_PLACE || sendbuf == recvbuf;
-    req->in = in_place ? (kind == COMM_ALLGATHER ? NULL : recvbuf) : sendbuf;
-    if (count == 0 && kind != COMM_BARRIER) {
-        req->advance = comm_done_advance;
-    } else {
-        st = comm_algo_choose(req, kind);
-        if (st != RG_OK) {
-            comm_req_release(req);
-            return st;
-        }
-    }
-    (void)comm_req_start(req);
-    *req_p = req;
-    return RG_OK;
+    return rg_error(RG_EINVAL, "%s: no %s algorithm for it", req->name, rg__comm_algo_name(algo));
 }

@@ -71,23 +71,23 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     comm->healthy = true;
     comm->failed_rank = -1;
     rg_status_t st = comm_env_size("REGROUP_COMM_RING_MIN_BYTES", COMM_DEFAULT_RING_MIN, 0,
-                                   &comm->ring_min_bytes);
+                                   &comm->tuning.ring_min_bytes);
     if (st == RG_OK) {
         st = comm_env_size("REGROUP_COMM_RHD_MAX_BYTES",
                            comm_tls_has_mm() ? 0 : COMM_DEFAULT_RHD_MAX_TCP, 0,
-                           &comm->rhd_max_bytes);
+                           &comm->tuning.rhd_max_bytes);
     }
     if (st == RG_OK) {
         const char *seg = getenv("REGROUP_COMM_SEGMENT_BYTES");
         comm->seg_default = seg == NULL || *seg == '\0';
         st = comm_env_size("REGROUP_COMM_SEGMENT_BYTES",
                            comm_tls_has_mm() ? COMM_DEFAULT_SEGMENT : COMM_DEFAULT_SEGMENT_TCP, 64,
-                           &comm->seg_bytes);
+                           &comm->tuning.seg_bytes);
     }
     if (st == RG_OK) {
         st = comm_env_size("REGROUP_COMM_RING_WINDOW",
                            comm_tls_has_mm() ? COMM_DEFAULT_WINDOW : COMM_DEFAULT_WINDOW_TCP, 1,
-                           &comm->ring_window);
+                           &comm->tuning.ring_window);
     }
     if (st != RG_OK) {
         free(comm);
@@ -120,7 +120,7 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
 void comm_tune(rg_comm_t *comm, bool any_oversubscribed)
 {
     if (comm->seg_default && !comm_tls_has_mm() && any_oversubscribed) {
-        comm->seg_bytes = COMM_SEGMENT_TCP_RNDV;
+        comm->tuning.seg_bytes = COMM_SEGMENT_TCP_RNDV;
     }
 }
 

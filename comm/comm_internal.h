@@ -12,15 +12,18 @@
  *   bit 62     control (abort, leave)  | any source, one posted wildcard receive
  *   bits 63,62 clear: collective       | bits 61..50 source rank | 49..32 sequence | 31..0 sub
  *
- * Failure: the endpoint error callback only records the peer. A progress pass then fails the
- * group (if an operation is posted, or at the next post): it tells every live peer with an
- * abort control message (so ranks not talking to the dead one fail at once too), cancels the
- * posted receives, force-closes the endpoints and fails every posted request. A deadline that
- * passes does the same with RG_ETIMEDOUT, without the abort message.
+ * Failure (comm_fail.c): the endpoint error callback only records the peer. A progress pass
+ * then fails the group (if an operation is posted, or at the next post): it tells every live
+ * peer with an abort control message (so ranks not talking to the dead one fail at once too),
+ * cancels the posted receives, force-closes the endpoints and fails every posted request. A
+ * deadline that passes does the same with RG_ETIMEDOUT, without the abort message.
+ *
+ * Below, the functions shared between files, each under the file that defines it.
  */
 #ifndef RG_COMM_INTERNAL_H
 #define RG_COMM_INTERNAL_H
 
+#include "comm_choose.h"
 #include "rg_common.h"
 
 #include <regroup/comm.h>
@@ -66,7 +69,7 @@ struct rg_comm_req {
     const char     *name;     /* "allreduce", ... for messages */
     comm_advance_fn advance;
     uint32_t        seq;
-    int             kind;     /* COMM_BARRIER, ... (collectives) */
+    comm_coll_t     kind;     /* collectives */
     bool            is_p2p;
     bool            uses_shm; /* comm_shm.c's: needs no UCX progress */
     uint64_t        shm_seq;
@@ -128,16 +131,15 @@ struct rg_comm {
     bool          closing;      /* in rg_comm_destroy */
     int           failed_rank;
     uint32_t      seq;
-    size_t        ring_min_bytes; /* messages this large use the ring */
-    size_t        rhd_max_bytes;  /* allreduces smaller than this, from ring_min_bytes on,
-                                     use recursive halving/doubling (n a power of two) */
-    size_t        seg_bytes;      /* largest ring segment */
-    bool          seg_default;    /* seg_bytes not chosen by REGROUP_COMM_SEGMENT_BYTES */
-    size_t        ring_window;    /* ring segments in flight */
+    comm_tuning_t tuning;       /* read once (comm_group.c), alike on every rank */
+    bool          seg_default;  /* seg_bytes not chosen by REGROUP_COMM_SEGMENT_BYTES */
+    uint64_t      algo_ops[COMM_COLL_COUNT][COMM_ALGO_COUNT]; /* collectives started, by
+                                                                 algorithm (comm_coll.c) */
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
     rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
     unsigned      passes;       /* progress passes, to check deadlines every few */
+    bool          ucx_due;      /* a waiter gave its core away: run UCX in the next pass */
     unsigned      n_posted;     /* requests in the list */
     unsigned      n_posted_shm; /* of those, shared-memory ones */
     struct comm_shm *shm;       /* small collectives on one host (comm_shm.c), or NULL */
@@ -153,8 +155,14 @@ struct rg_comm {
 
 /* Allocates a group and opens its UCX worker (not yet connected). */
 rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **comm_p);
+/* Once the group knows whether any host runs more of its ranks than it has cores (the same
+ * answer on every rank): settles the defaults that depend on it (called by comm_shm.c). */
+void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
 
 /* ---- comm_ucx.c ------------------------------------------------------------------------ */
+
+#define COMM_CLOSE_WAIT_MS 200
+#define COMM_ABORT_WAIT_MS 20
 
 /* Whether UCX_TLS allows shared memory (unset: yes). */
 bool        comm_tls_has_mm(void);
@@ -166,32 +174,6 @@ void        comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr);
 rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
                              rg_deadline_t deadline);
 void        comm_ucx_close(rg_comm_t *comm);
-/* One progress pass over the worker and every posted request; true if anything moved. */
-bool        comm_progress(rg_comm_t *comm);
-/* Fails the group: abort message (if tell_peers), cancel, close, fail posted requests. */
-rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_peers,
-                      const char *fmt, ...) RG_PRINTF(5, 6);
-/* The group's failure as this call's error (RG_EPEER with the first message). */
-rg_status_t comm_unhealthy_error(const rg_comm_t *comm, const char *what);
-
-void        comm_ctrl_handle(rg_comm_t *comm, size_t len);
-
-/* ---- comm_health.c --------------------------------------------------------------------- */
-
-#define COMM_CLOSE_WAIT_MS 200
-#define COMM_ABORT_WAIT_MS 20
-
-/* Posts the wildcard control receive; polls it (handles a message, reposts). */
-void        comm_ctrl_post(rg_comm_t *comm);
-void        comm_ctrl_poll(rg_comm_t *comm);
-/* Sends a control message to every live peer; reqs[size] gets the UCX requests. */
-void        comm_send_ctrl(rg_comm_t *comm, uint32_t type, int about, void **reqs);
-/* Progresses until the requests are done or ms passed, then frees them. */
-void        comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms);
-void        comm_close_eps(rg_comm_t *comm, bool force, int64_t wait_ms);
-/* Takes control messages already here (bounded), before a peer is blamed for an error. */
-void        comm_settle(rg_comm_t *comm);
-void        comm_grave_add(rg_comm_t *comm, void *p);
 
 uint64_t    comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub);
 rg_status_t comm_xfer_send(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
@@ -202,6 +184,42 @@ rg_status_t comm_xfer_recv(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_
 rg_status_t comm_xfer_test(rg_comm_req_t *req, comm_xfer_t *x);
 /* Cancels/abandons a transfer (receives are canceled; UCX frees both when they end). */
 void        comm_xfer_abandon(rg_comm_t *comm, comm_xfer_t *x);
+/* Progresses until the requests are done or ms passed, then frees them. */
+void        comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms);
+void        comm_close_eps(rg_comm_t *comm, bool force, int64_t wait_ms);
+
+/* ---- comm_ctrl.c ----------------------------------------------------------------------- */
+
+/* Posts the wildcard control receive; polls it (handles a message, reposts). */
+void        comm_ctrl_post(rg_comm_t *comm);
+void        comm_ctrl_poll(rg_comm_t *comm);
+void        comm_ctrl_handle(rg_comm_t *comm, size_t len);
+/* Sends a control message to every live peer; reqs[size] gets the UCX requests. */
+void        comm_send_ctrl(rg_comm_t *comm, uint32_t type, int about, void **reqs);
+
+/* ---- comm_fail.c ----------------------------------------------------------------------- */
+
+/* The endpoint error callback (UCP_ERR_HANDLING_MODE_PEER): records the peer as dead. */
+void        comm_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status);
+/* A transfer with peer returned or completed with st: fails the group (unless a peer's abort
+ * message explains it first) and returns the group's failure. */
+rg_status_t comm_peer_error(rg_comm_t *comm, int peer, const char *what, ucs_status_t st);
+/* After UCX progress: fails the group for a recorded dead peer, or for a peer that left
+ * while a posted receive still waits on it. */
+void        comm_check_peers(rg_comm_t *comm);
+/* Fails the group: abort message (if tell_peers), cancel, close, fail posted requests. */
+rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_peers,
+                      const char *fmt, ...) RG_PRINTF(5, 6);
+/* The group's failure as this call's error (RG_EPEER with the first message). */
+rg_status_t comm_unhealthy_error(const rg_comm_t *comm, const char *what);
+/* Keeps a failed request's buffer until the worker is destroyed (a matched receive may
+ * still write to it). */
+void        comm_grave_add(rg_comm_t *comm, void *p);
+
+/* ---- comm_progress.c ------------------------------------------------------------------- */
+
+/* One progress pass over the worker and every posted request; true if anything moved. */
+bool        comm_progress(rg_comm_t *comm);
 
 /* ---- comm_req.c ------------------------------------------------------------------------ */
 
@@ -225,12 +243,14 @@ rg_status_t comm_check_op(const char *name, rg_dtype_t dtype, rg_redop_t op);
 /* Tests every transfer of req in [first, first + n); RG_OK when all done. */
 rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);
 
-/* ---- comm_algo.c ----------------------------------------------------------------------- */
+/* ---- comm_choose.c: rg__comm_algo_choose, rg__comm_algo_name (in comm_choose.h) ------- */
 
-enum { COMM_BARRIER, COMM_BCAST, COMM_ALLREDUCE, COMM_ALLGATHER, COMM_REDSCAT };
-rg_status_t comm_coll_post(rg_comm_t *comm, int kind, const void *sendbuf, void *recvbuf,
-                           size_t count, rg_dtype_t dtype, rg_redop_t op, int root,
-                           const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
+/* ---- comm_coll.c (and rg__comm_algo_count, in comm_choose.h) -------------------------- */
+
+/* Checks, chooses the algorithm (comm_choose.h), counts it, sets up and starts the request. */
+rg_status_t comm_coll_post(rg_comm_t *comm, comm_coll_t kind, const void *sendbuf,
+                           void *recvbuf, size_t count, rg_dtype_t dtype, rg_redop_t op,
+                           int root, const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
 void       *comm_buf_alloc(rg_comm_req_t *req, size_t bytes);
 void        comm_buf_free(rg_comm_req_t *req, void *p);
 rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes);
@@ -239,21 +259,22 @@ rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, cons
 /* Divides by the group size when the op is avg. */
 rg_status_t comm_local_scale(rg_comm_req_t *req, void *buf, size_t n);
 
-/* ---- comm_shm.c ------------------------------------------------------------------------ */
+/* ---- comm_algo.c ----------------------------------------------------------------------- */
 
-/* Largest input of a collective that goes through shared memory. */
-#define COMM_SHM_MAX_BYTES 4096
+/* Sets req (a collective `coll`, its buffers and counts filled in) up to run `algo`. */
+rg_status_t comm_algo_start(rg_comm_req_t *req, comm_coll_t coll, comm_algo_t algo);
+/* The advance of a request with nothing left to do. */
+rg_status_t comm_done_advance(rg_comm_req_t *req);
+
+/* ---- comm_shm.c ------------------------------------------------------------------------ */
 
 /* After the group is connected: finds the ranks on this host and, when all are and shared
  * memory is allowed (REGROUP_COMM_SHM, UCX_TLS), maps every rank's segment. Collective: every
  * rank calls it. Errors are the exchange's (a peer failed, the deadline passed). */
 rg_status_t comm_local_setup(rg_comm_t *comm, rg_deadline_t deadline);
 void        comm_shm_free(rg_comm_t *comm);
-/* Once the group knows whether any host runs more of its ranks than it has cores (the same
- * answer on every rank): settles the defaults that depend on it (comm_group.c). */
-void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
-/* Whether a collective of this kind with `bytes` per rank goes through shared memory. */
-bool        comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem);
+/* Whether the group's shared memory is in use (every rank mapped every segment). */
+bool        comm_shm_on(const rg_comm_t *comm);
 /* Whether the peer of x (a shared-memory transfer of req) has published its input. */
 bool        comm_shm_arrived(const rg_comm_req_t *req, const comm_xfer_t *x);
 /* Switches req to the shared-memory path. */
@@ -282,7 +303,10 @@ void comm_reduce(rg_dtype_t dtype, rg_redop_t op, void *dst, const void *a, cons
                  size_t n);
 /* buf[i] /= divisor (avg); floating types only. */
 void comm_reduce_scale(rg_dtype_t dtype, void *buf, size_t n, int divisor);
-/* Device-memory versions (comm_cuda.cu); RG_ENOTSUP without CUDA. */
+
+/* ---- comm_cuda.cu, or comm_nocuda.c in a build without CUDA ---------------------------- */
+
+/* Device-memory versions of the above; RG_ENOTSUP without CUDA. */
 rg_status_t comm_reduce_dev(rg_dtype_t dtype, rg_redop_t op, void *dst, const void *a,
                             const void *b, size_t n);
 rg_status_t comm_reduce_scale_dev(rg_dtype_t dtype, void *buf, size_t n, int divisor);

@@ -1,6 +1,6 @@
 /*
  * Requests (post, test, wait, free), argument checks, point to point, and the public entry
- * points of the collectives (which hand over to comm_algo.c).
+ * points of the collectives (which hand over to comm_coll.c).
  */
 #include "comm_internal.h"
 
@@ -76,6 +76,20 @@ void comm_xfers_free(rg_comm_req_t *req)
     }
     req->xfers = NULL;
     req->n_xfers = 0;
+}
+
+rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n)
+{
+    rg_status_t result = RG_OK;
+    for (int i = first; i < first + n; i++) {
+        rg_status_t st = comm_xfer_test(req, &req->xfers[i]);
+        if (st == RG_INPROGRESS) {
+            result = RG_INPROGRESS;
+        } else if (st != RG_OK) {
+            return st;
+        }
+    }
+    return result;
 }
 
 void comm_req_bury(rg_comm_req_t *req)
@@ -182,6 +196,7 @@ rg_status_t rg_comm_req_wait(rg_comm_req_t *req)
         } else if (++idle >= spin) {
             idle = 0;
             sched_yield();
+            req->comm->ucx_due = true;
         }
     }
     if (req->status < 0) {

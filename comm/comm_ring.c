@@ -171,7 +171,7 @@ rg_status_t comm_ring_init(rg_comm_req_t *req, const comm_ring_cfg_t *cfg)
 {
     const int n = req->comm->size;
     const size_t max_chunk = cfg->base + (cfg->rem > 0 ? 1 : 0);
-    size_t seg = RG_MAX((size_t)1, req->comm->seg_bytes / req->esize);
+    size_t seg = RG_MAX((size_t)1, req->comm->tuning.seg_bytes / req->esize);
     /* The tag's sub field holds step * nseg + seg: keep it within 32 bits. */
     while ((max_chunk + seg - 1) / seg * (uint64_t)(2 * n) >= UINT32_MAX) {
         seg *= 2;
@@ -209,7 +209,7 @@ rg_status_t comm_ring_init(rg_comm_req_t *req, const comm_ring_cfg_t *cfg)
     ring->seg = seg;
     ring->step = step;
     ring->posted = posted;
-    ring->window = (int)RG_MAX((size_t)1, req->comm->ring_window);
+    ring->window = (int)RG_MAX((size_t)1, req->comm->tuning.ring_window);
 
     comm_xfers_free(req); /* the previous phase's transfers are all done */
     comm_buf_free(req, req->tmp);

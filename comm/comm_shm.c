@@ -3,8 +3,9 @@
  *
  * Every rank owns a segment with two slots. For its k-th small collective (k counts from 1 and
  * is the same on every rank, since collectives are called in the same order and the choice of
- * this path depends only on the call's arguments), a rank copies its input into slot k % 2 and
- * then publishes k in that slot's sequence word (a release store). It waits until every peer's
+ * this path, in comm_choose.c, depends only on the call's arguments and on what every rank of
+ * the group agreed at set-up), a rank copies its input into slot k % 2 and then publishes k
+ * in that slot's sequence word (a release store). It waits until every peer's
  * slot k % 2 shows k, and computes its result from the slots alone, in rank order, so every rank
  * ends with the same bits.
  *
@@ -335,15 +336,9 @@ static size_t comm_shm_input(const rg_comm_req_t *req, const char **src)
     }
 }
 
-bool comm_shm_fits(const rg_comm_t *comm, int kind, size_t bytes, ucs_memory_type_t mem)
+bool comm_shm_on(const rg_comm_t *comm)
 {
-    if (comm->shm == NULL || !comm->shm->on || mem != UCS_MEMORY_TYPE_HOST) {
-        return false;
-    }
-    if (kind == COMM_REDSCAT) {
-        return bytes <= COMM_SHM_MAX_BYTES / (size_t)comm->size;
-    }
-    return bytes <= COMM_SHM_MAX_BYTES;
+    return comm->shm != NULL && comm->shm->on;
 }
 
 /* Everything has arrived: the result, from the slots alone, in rank order. */

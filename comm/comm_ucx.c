@@ -1,7 +1,8 @@
 /*
  * The UCX layer of a group: context and worker, endpoints with peer-failure handling, the
  * wire-up handshake, tagged transfers polled without callbacks, and closing. With
- * comm_health.c, the only place where ucs_status_t is turned into rg_status_t.
+ * comm_fail.c (which a transfer's error status is handed to, and which holds the endpoint
+ * error callback), the only place where ucs_status_t is turned into rg_status_t.
  */
 #include "comm_internal.h"
 
@@ -9,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
 
 /* Whether UCX_TLS lets a shared-memory transport in (setting MM_ERROR_HANDLING otherwise
  * makes UCX warn about an unused setting). */
@@ -129,18 +129,6 @@ void comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr)
     }
 }
 
-static void comm_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    comm_peer_t *peer = arg;
-    (void)ep;
-    if (!peer->comm->peer_dead[peer->rank]) {
-        peer->comm->peer_dead[peer->rank] = true;
-        peer->comm->peer_status[peer->rank] = status;
-        peer->comm->n_dead++;
-    }
-}
-
-
 /*
  * Completes the wire-up of every endpoint now: each rank sends a hello to every peer, waits
  * for every peer's hello and flushes its endpoints. UCX connects lazily otherwise, and in
@@ -226,17 +214,6 @@ uint64_t comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub)
 }
 
 /* ---- transfers ------------------------------------------------------------------------- */
-
-static rg_status_t comm_peer_error(rg_comm_t *comm, int peer, const char *what,
-                                   ucs_status_t st)
-{
-    comm_settle(comm);
-    if (!comm->healthy) {
-        return rg_error(comm->fail_status, "%s", comm->fail_msg);
-    }
-    return comm_fail(comm, RG_EPEER, peer, true, "%s with rank %d failed: %s", what, peer,
-                     ucs_status_string(st));
-}
 
 rg_status_t comm_xfer_send(rg_comm_req_t *req, comm_xfer_t *x, int peer, uint64_t tag,
                            const void *buf, size_t len)
@@ -344,6 +321,54 @@ void comm_xfer_abandon(rg_comm_t *comm, comm_xfer_t *x)
     ucp_request_free(x->ucx);
     x->ucx = NULL;
     x->active = false;
+}
+
+/* ---- closing ----------------------------------------------------------------------------- */
+
+/* Progresses until the requests (control sends, flushes, closes) are done, at most ms. */
+void comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms)
+{
+    rg_deadline_t deadline = rg_deadline_in_ms(ms);
+    for (;;) {
+        bool pending = false;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i] != NULL && ucp_request_check_status(reqs[i]) == UCS_INPROGRESS) {
+                pending = true;
+            }
+        }
+        if (!pending || rg_deadline_passed(deadline)) {
+            break;
+        }
+        ucp_worker_progress(comm->worker);
+        comm_ctrl_poll(comm); /* keeps the control receive posted: no stray messages */
+    }
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != NULL) {
+            ucp_request_free(reqs[i]);
+            reqs[i] = NULL;
+        }
+    }
+}
+
+void comm_close_eps(rg_comm_t *comm, bool force, int64_t wait_ms)
+{
+    void **reqs = comm->scratch_reqs;
+    for (int p = 0; p < comm->size; p++) {
+        reqs[p] = NULL;
+        if (comm->eps[p] == NULL) {
+            continue;
+        }
+        ucp_request_param_t param = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+            .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        };
+        ucs_status_ptr_t r = ucp_ep_close_nbx(comm->eps[p], &param);
+        if (!UCS_PTR_IS_ERR(r)) {
+            reqs[p] = r;
+        }
+        comm->eps[p] = NULL;
+    }
+    comm_wait_reqs(comm, reqs, comm->size, wait_ms);
 }
 
 /* Receives the control messages still queued (peers' leave messages that arrived after the

@@ -37,9 +37,9 @@ static void comm_wire_hdr(const rg_comm_t *comm, comm_wire_hdr_t *h)
 {
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, comm_wire_magic, sizeof(h->magic));
-    h->ring_min = comm->ring_min_bytes;
-    h->rhd_max = comm->rhd_max_bytes;
-    h->seg = comm->seg_bytes;
+    h->ring_min = comm->tuning.ring_min_bytes;
+    h->rhd_max = comm->tuning.rhd_max_bytes;
+    h->seg = comm->tuning.seg_bytes;
 }
 
 /* The header of rank r's value against ours: an error naming both when they differ. */

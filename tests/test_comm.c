@@ -5,6 +5,8 @@
  */
 #include "comm_testlib.h"
 
+#include "comm_choose.h"
+
 #include <check.h>
 #include <regroup/comm.h>
 
@@ -308,8 +310,55 @@ static int t_nonblocking_small(rg_comm_t *comm, int rank, int size)
 }
 
 typedef struct {
-    bool small_only;
+    bool        small_only;
+    bool        ring;    /* REGROUP_COMM_RING_MIN_BYTES=0: every operation of at least one
+                            element per rank takes the ring (broadcast: scatter + ring) */
+    comm_algo_t ar_algo; /* with ring: the algorithm of those allreduces (ring or RHD) */
 } matrix_arg_t;
+
+typedef uint64_t algo_counts_t[COMM_COLL_COUNT][COMM_ALGO_COUNT];
+
+static void algo_counts(const rg_comm_t *comm, algo_counts_t c)
+{
+    for (int k = 0; k < COMM_COLL_COUNT; k++) {
+        for (int a = 0; a < COMM_ALGO_COUNT; a++) {
+            c[k][a] = rg__comm_algo_count(comm, (comm_coll_t)k, (comm_algo_t)a);
+        }
+    }
+}
+
+/* Since `before`, `coll` ran n_algo times with `algo`, n_rest times with `rest`, and with
+ * nothing else: the forced algorithm really ran (comm_coll.c counts every choice). */
+static int algo_ran(const rg_comm_t *comm, int rank, const algo_counts_t before,
+                    comm_coll_t coll, comm_algo_t algo, uint64_t n_algo, comm_algo_t rest,
+                    uint64_t n_rest)
+{
+    static const char *const coll_names[] = {"barrier", "broadcast", "allreduce", "allgather",
+                                             "reduce_scatter"};
+    algo_counts_t now;
+    algo_counts(comm, now);
+    for (int a = 0; a < COMM_ALGO_COUNT; a++) {
+        uint64_t got = now[coll][a] - before[coll][a];
+        uint64_t want = (a == (int)algo ? n_algo : 0) + (a == (int)rest ? n_rest : 0);
+        if (got != want) {
+            FAIL("%s: %llu operations ran with %s, expected %llu (%llu with %s, %llu with %s)",
+                 coll_names[coll], (unsigned long long)got, rg__comm_algo_name((comm_algo_t)a),
+                 (unsigned long long)want, (unsigned long long)n_algo,
+                 rg__comm_algo_name(algo), (unsigned long long)n_rest, rg__comm_algo_name(rest));
+        }
+    }
+    return 0;
+}
+
+/* How many of the sizes are at least min. */
+static uint64_t n_at_least(const size_t *sizes, int n, size_t min)
+{
+    uint64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        k += sizes[i] >= min;
+    }
+    return k;
+}
 
 static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
 {
@@ -320,13 +369,40 @@ static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
     int n_ar = m->small_only ? 3 : 5;
     int n_rs = m->small_only ? 2 : 3;
     int n_ag = m->small_only ? 3 : 4;
+    /* dtype x op pairs that t_allreduce and t_reduce_scatter run (avg: floating only) */
+    const uint64_t pairs = 7 * 5 - 3;
+    const uint64_t n = (uint64_t)size;
+    algo_counts_t before;
     if (rg_comm_rank(comm) != rank || rg_comm_size(comm) != size) {
         FAIL("rank/size accessors");
     }
     CHECK_RG(rg_comm_barrier(comm, NULL));
-    if (t_p2p(comm, rank, size) || t_allreduce(comm, rank, size, ar_sizes, n_ar) ||
-        t_reduce_scatter(comm, rank, size, rs_sizes, n_rs) ||
-        t_allgather_bcast(comm, rank, size, ag_sizes, n_ag) || t_nonblocking(comm, rank, size) ||
+    if (t_p2p(comm, rank, size)) {
+        return 1;
+    }
+    algo_counts(comm, before);
+    if (t_allreduce(comm, rank, size, ar_sizes, n_ar) ||
+        (m->ring && algo_ran(comm, rank, before, COMM_ALLREDUCE, m->ar_algo,
+                             pairs * n_at_least(ar_sizes, n_ar, n), COMM_ALGO_RD,
+                             pairs * (n_ar - n_at_least(ar_sizes, n_ar, n))))) {
+        return 1;
+    }
+    algo_counts(comm, before);
+    if (t_reduce_scatter(comm, rank, size, rs_sizes, n_rs) ||
+        (m->ring && algo_ran(comm, rank, before, COMM_REDSCAT, COMM_ALGO_RING,
+                             pairs * (uint64_t)n_rs, COMM_ALGO_RING, 0))) {
+        return 1;
+    }
+    algo_counts(comm, before);
+    if (t_allgather_bcast(comm, rank, size, ag_sizes, n_ag) ||
+        (m->ring && algo_ran(comm, rank, before, COMM_ALLGATHER, COMM_ALGO_RING,
+                             7 * (uint64_t)n_ag, COMM_ALGO_RING, 0)) ||
+        (m->ring && algo_ran(comm, rank, before, COMM_BCAST, COMM_ALGO_SCATTER_RING,
+                             7 * n_at_least(ag_sizes, n_ag, n), COMM_ALGO_TREE,
+                             7 * (n_ag - n_at_least(ag_sizes, n_ag, n))))) {
+        return 1;
+    }
+    if (t_nonblocking(comm, rank, size) ||
         (size <= 16 && t_nonblocking_small(comm, rank, size))) {
         return 1;
     }
@@ -337,17 +413,18 @@ static int matrix(rg_comm_t *comm, int rank, int size, void *arg)
     return 0;
 }
 
-static void run_matrix3(int n, const char *env0, const char *env1, const char *env2,
-                        bool small_only)
+static void run_forced(int n, const char *env0, const char *env1, const char *env2,
+                       bool small_only, comm_algo_t ar_algo)
 {
-    matrix_arg_t arg = {.small_only = small_only};
+    matrix_arg_t arg = {.small_only = small_only, .ring = ar_algo != COMM_ALGO_COUNT,
+                        .ar_algo = ar_algo};
     comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 240, .env = {env0, env1, env2, NULL}};
     ck_assert_msg(comm_run(n, matrix, &arg, &o, NULL), "ranks failed (see stderr)");
 }
 
 static void run_matrix(int n, const char *env0, const char *env1, bool small_only)
 {
-    run_matrix3(n, env0, env1, NULL, small_only);
+    run_forced(n, env0, env1, NULL, small_only, COMM_ALGO_COUNT);
 }
 
 START_TEST(test_matrix_1) { run_matrix(1, NULL, NULL, false); }
@@ -372,30 +449,33 @@ START_TEST(test_matrix_tcp_3)
     run_matrix(3, "UCX_TLS=tcp", NULL, true);
 }
 END_TEST
-/* The ring for every size, cut into many small segments: odd and uneven chunks. */
+/* The ring for every size, cut into many small segments: odd and uneven chunks. Every
+ * allreduce, allgather and reduce_scatter of at least one element per rank must have run on
+ * the ring (broadcast: scatter + ring allgather), the others by recursive doubling or tree. */
 START_TEST(test_matrix_ring_forced_3)
 {
-    run_matrix3(3, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=64",
-                "REGROUP_COMM_SHM=0", true);
+    run_forced(3, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=64",
+               "REGROUP_COMM_SHM=0", true, COMM_ALGO_RING);
 }
 END_TEST
 START_TEST(test_matrix_ring_forced_4)
 {
-    run_matrix3(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=96",
-                "REGROUP_COMM_SHM=0", true);
+    run_forced(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_SEGMENT_BYTES=96",
+               "REGROUP_COMM_SHM=0", true, COMM_ALGO_RING);
 }
 END_TEST
-/* Allreduce by recursive halving and doubling for every size (the other ops as usual). */
+/* Allreduce by recursive halving and doubling for every size of at least one element per
+ * rank, checked to have run so (the other ops on the ring, as above). */
 START_TEST(test_matrix_rhd_4)
 {
-    run_matrix3(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
-                "REGROUP_COMM_SHM=0", false);
+    run_forced(4, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
+               "REGROUP_COMM_SHM=0", false, COMM_ALGO_RHD);
 }
 END_TEST
 START_TEST(test_matrix_rhd_8)
 {
-    run_matrix3(8, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
-                "REGROUP_COMM_SHM=0", true);
+    run_forced(8, "REGROUP_COMM_RING_MIN_BYTES=0", "REGROUP_COMM_RHD_MAX_BYTES=1099511627776",
+               "REGROUP_COMM_SHM=0", true, COMM_ALGO_RHD);
 }
 END_TEST
 /* Small operations over UCX alone (no shared memory of the group's own). */

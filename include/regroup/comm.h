@@ -31,7 +31,7 @@
  * dead peer is found within about 100 ms; with shared memory allowed it also sends eagerly
  * only (UCX_RNDV_THRESH=inf), which avoids a UCX 1.13 abort when a peer dies mid-rendezvous.
  * Unless set, UCX_TCP_TX_SEG_SIZE=256K and UCX_TCP_RX_SEG_SIZE=512K (tcp bandwidth).
- * UCX_TLS=tcp works too (a dead peer is seen in a few ms). When every rank is on one host and
+ * UCX_TLS=tcp works too (a dead peer is seen within 30 ms). When every rank is on one host and
  * UCX_TLS allows shared memory, collectives of at most 4 KiB per rank go through a small
  * shared-memory segment of the group's own (mapped at create, its name unlinked at once;
  * REGROUP_COMM_SHM=0 turns it off, =1 forces it on with any UCX_TLS); the deadlines and the
