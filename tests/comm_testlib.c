@@ -185,9 +185,10 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
             }
             for (int r = 0; r < n; r++) {
                 if (pids[r] != 0 && !only_stopped && getenv("COMM_TEST_GDB") != NULL) {
-                    char cmd[128];
-                    snprintf(cmd, sizeof(cmd), "gdb -q -batch -p %d -ex 'bt 20' 1>&2", (int)pids[r]);
-                    if (system(cmd) != 0) {
+                    char pid[16];
+                    snprintf(pid, sizeof(pid), "%d", (int)pids[r]);
+                    char *gdb[] = {"gdb", "-q", "-batch", "-p", pid, "-ex", "bt 20", NULL};
+                    if (test_run(gdb, NULL, 60000) != 0) {
                         fprintf(stderr, "comm_run: gdb failed\n");
                     }
                 }

@@ -7,6 +7,8 @@
 
 #include "comm_choose.h"
 
+#include "test_util.h"
+
 #include <check.h>
 #include <regroup/comm.h>
 
@@ -670,9 +672,5 @@ int main(void)
     tcase_add_loop_test(tc, test_large_ops, 0, 3);
     tcase_add_test(tc, test_large_ops_tcp_4);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("comm", s, NULL);
 }

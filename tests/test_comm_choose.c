@@ -4,6 +4,8 @@
  */
 #include "comm_choose.h"
 
+#include "test_util.h"
+
 #include <check.h>
 
 #include <stdlib.h>
@@ -126,9 +128,5 @@ int main(void)
     tcase_add_loop_test(tc, test_choose_table, 0, (int)(sizeof(rows) / sizeof(rows[0])));
     tcase_add_test(tc, test_choose_covers_every_algorithm);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("comm_choose", s, NULL);
 }

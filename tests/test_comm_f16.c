@@ -2,6 +2,8 @@
  * comm/: IEEE binary16 and bfloat16 conversions, checked against references built here from
  * ldexp and nearbyint (round to nearest even in the default rounding mode).
  */
+#include "test_util.h"
+
 #include <check.h>
 #include <regroup/comm.h>
 
@@ -164,9 +166,5 @@ int main(void)
     tcase_add_test(tc, test_round_nearest_even_cases);
     tcase_add_test(tc, test_round_random_floats);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("comm_f16", s, NULL);
 }

@@ -9,6 +9,8 @@
 
 #include "comm_choose.h"
 
+#include "test_util.h"
+
 #include <check.h>
 #include <regroup/comm.h>
 
@@ -437,9 +439,5 @@ int main(void)
     tcase_add_test(tc, test_create_knobs_differ);
     tcase_add_test(tc, test_env_read);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return test_main("comm_fault", s, NULL);
 }
