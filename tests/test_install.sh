@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The installed library as a user sees it: installs the build into a temporary prefix, checks
 # the file list, the SONAME and that libregroup.so exports the public API only, compiles each
-# installed header alone in C11 and C++, builds examples/starter out of tree with pkg-config
+# installed header alone in C11 and C++, links every declared function from C++, builds examples/starter out of tree with pkg-config
 # (shared, then libregroup.a) and with find_package, and runs each build under the installed
 # regroup --standalone --nproc-per-node=2, the later runs resuming from the earlier ones'
 # checkpoints. Every step has a deadline; the temporary tree is removed on any exit.
@@ -89,6 +89,21 @@ for h in "$prefix"/include/regroup/*.h; do
     done
     echo "$name: ok"
 done
+
+step "every declared function links from C++ (the headers' extern \"C\")"
+# A header without the guard would make these references C++-mangled names, undefined here.
+{
+    cat "$tmp/all.c"
+    echo 'typedef void (*rg_any_fn_t)();'
+    echo 'static rg_any_fn_t const fns[] = {'
+    sed 's/.*/    reinterpret_cast<rg_any_fn_t>(\&&),/' "$tmp/declared"
+    echo '};'
+    echo 'int main() { return fns[0] == nullptr; }'
+} >"$tmp/link.cc"
+timeout 120 "$cxx" -std=c++11 -Wall -Wextra -Werror "${extra_flags[@]}" -I"$prefix/include" \
+    -o "$tmp/link-cxx" "$tmp/link.cc" -L"$libdir" -lregroup -Wl,-rpath,"$libdir" ||
+    fail "the public API does not link from C++"
+timeout 60 "$tmp/link-cxx" || fail "a C++ program cannot load libregroup.so"
 
 # The starter, copied out of the source tree: only the installed files can be used.
 cp -r "$src/examples/starter" "$tmp/starter"
