@@ -5,14 +5,14 @@
 # (shared, then libregroup.a) and with find_package, and runs each build under the installed
 # regroup --standalone --nproc-per-node=2, the later runs resuming from the earlier ones'
 # checkpoints. Every step has a deadline; the temporary tree is removed on any exit.
-#   test_install.sh BUILD_DIR SOURCE_DIR SONAME C_COMPILER [EXTRA_FLAGS]
+#   test_install.sh BUILD_DIR SOURCE_DIR VERSION C_COMPILER [EXTRA_FLAGS]
 # EXTRA_FLAGS go to every compile and link of the starter (the sanitizer build's flags, which
 # a program loading a sanitized libregroup.so needs too).
 set -euo pipefail
 
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-soname=$3
+version=$3
 cc=$4
 extra=${5:-}
 cxx=${CXX:-c++}
@@ -32,6 +32,21 @@ fail() {
 step() {
     echo "== $*"
 }
+# needs FILE NAME: whether FILE's dynamic section has a NEEDED entry starting with NAME.
+needs() {
+    local dyn
+    dyn=$(readelf -d "$1")
+    grep -q "(NEEDED).*\[$2" <<<"$dyn"
+}
+
+# The SONAME carries major.minor while the version is 0.x (a minor release may change the
+# ABI), the major alone from 1.0.
+IFS=. read -r major minor _ <<<"$version"
+if [[ $major == 0 ]]; then
+    soname=libregroup.so.$major.$minor
+else
+    soname=libregroup.so.$major
+fi
 
 prefix=$tmp/prefix
 mkdir -p "$tmp/tmp"
@@ -58,11 +73,12 @@ got=$(readelf -d "$libdir/libregroup.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p
 [[ $got == "$soname" ]] || fail "SONAME is '$got', not '$soname'"
 
 step "libregroup.so exports the functions of include/regroup/*.h, nothing else"
-# Declared: gcc's own list of the prototypes it read (-aux-info), static inline ones left out.
+# Declared: gcc's own list of the prototypes it read (-aux-info, which only gcc has, whatever
+# the build's compiler), static inline ones left out.
 for h in "$prefix"/include/regroup/*.h; do
     echo "#include <regroup/${h##*/}>"
 done >"$tmp/all.c"
-"$cc" -std=c11 -I"$prefix/include" -fsyntax-only -aux-info "$tmp/aux.txt" "$tmp/all.c"
+gcc -std=c11 -I"$prefix/include" -fsyntax-only -aux-info "$tmp/aux.txt" "$tmp/all.c"
 grep "/include/regroup/" "$tmp/aux.txt" | grep -v '\*/ static ' |
     sed -n 's/^\/\* [^*]* \*\/ extern [^(]*[ *]\(rg_[A-Za-z0-9_]*\) (.*/\1/p' |
     sort -u >"$tmp/declared"
@@ -118,7 +134,7 @@ step "starter with pkg-config (shared)"
 timeout 120 "$cc" -std=c11 -Wall -Wextra -Werror "${extra_flags[@]}" -o "$tmp/starter-pc" \
     "$tmp/starter/starter.c" $(pkg-config --cflags --libs regroup) -Wl,-rpath,"$pc_libdir" ||
     fail "cannot build the starter with pkg-config"
-readelf -d "$tmp/starter-pc" | grep -q "NEEDED.*\[$soname\]" || fail "starter-pc does not load $soname"
+needs "$tmp/starter-pc" "$soname]" || fail "starter-pc does not load $soname"
 
 step "starter with libregroup.a and regroup.pc's private dependencies"
 # What `pkg-config --static` adds: Requires.private and Libs.private. The link takes the
@@ -133,7 +149,7 @@ timeout 120 "$cc" -std=c11 -Wall -Wextra -Werror "${extra_flags[@]}" -o "$tmp/st
     "$tmp/starter/starter.c" $(pkg-config --cflags regroup) -L"$pc_libdir" -l:libregroup.a \
     $libs_private $(pkg-config --libs $mods) ||
     fail "cannot link the starter with libregroup.a and regroup.pc's private dependencies"
-if readelf -d "$tmp/starter-static" | grep -q 'NEEDED.*libregroup'; then
+if needs "$tmp/starter-static" libregroup; then
     fail "starter-static loads libregroup.so"
 fi
 
@@ -144,7 +160,7 @@ timeout 300 cmake -S "$tmp/starter" -B "$tmp/starter-build" -DCMAKE_PREFIX_PATH=
 timeout 300 cmake --build "$tmp/starter-build" >"$tmp/build.log" 2>&1 ||
     { cat "$tmp/build.log"; fail "cmake cannot build the starter"; }
 [[ -x $tmp/starter-build/starter ]] || fail "no starter in the CMake build"
-readelf -d "$tmp/starter-build/starter" | grep -q "NEEDED.*\[$soname\]" ||
+needs "$tmp/starter-build/starter" "$soname]" ||
     fail "the CMake-built starter does not load $soname"
 
 # Runs the installed regroup on 2 local workers: run NAME BINARY STEPS EXPECTED-LINE...
