@@ -28,8 +28,9 @@ add_custom_command(OUTPUT ${REGROUP_VERSION_SCRIPT}
   COMMENT "Listing the public API of libregroup.so"
   VERBATIM)
 
-# Its sources are regroup's objects; linking `regroup` itself only brings its dependencies
-# (every symbol of the archive is already defined by the objects, so no member is pulled).
+# Its sources are regroup's objects ($<TARGET_OBJECTS> of a static library: CMake >= 3.15);
+# linking `regroup` itself only brings its dependencies (every symbol of the archive is
+# already defined by the objects, so no member is pulled).
 add_library(regroup_shared SHARED $<TARGET_OBJECTS:regroup> ${REGROUP_VERSION_SCRIPT})
 target_link_libraries(regroup_shared PRIVATE regroup)
 if(CMAKE_CUDA_COMPILER)

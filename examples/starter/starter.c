@@ -164,7 +164,7 @@ static rg_status_t train(rg_train_ctx_t *ctx, long steps, long ckpt_every)
                                   .cursor = cur};
         /* With state: an asynchronous checkpoint (the call copies params and returns). */
         st = rg_report(ctx, &report, save ? &state : NULL);
-        if (save && rank == 0) {
+        if (st == RG_OK && save && rank == 0) {
             printf("step=%ld loss=%.6f\n", done, loss);
             fflush(stdout);
         }
