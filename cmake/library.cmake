@@ -1,5 +1,6 @@
 # The installable library: libregroup.so beside libregroup.a, and the install rules (headers,
-# the regroup command, regroup.pc for pkg-config, the CMake package regroup::regroup).
+# the regroup command, regroup.pc for pkg-config, the CMake package: regroup::regroup, the
+# shared library, and with COMPONENTS static regroup::regroup_static, the static one).
 #
 # libregroup.so is made of the static library's own objects (compiled once, position
 # independent), so every source a folder adds to `regroup` is in both. It exports the public
@@ -34,8 +35,11 @@ add_custom_command(OUTPUT ${REGROUP_VERSION_SCRIPT}
 add_library(regroup_shared SHARED $<TARGET_OBJECTS:regroup> ${REGROUP_VERSION_SCRIPT})
 target_link_libraries(regroup_shared PRIVATE regroup)
 if(CMAKE_CUDA_COMPILER)
-  # comm_cuda.cu's host code needs the C++ runtime (static initialisation guards).
-  target_link_libraries(regroup_shared PRIVATE stdc++)
+  # comm_cuda.cu's host code needs the C++ runtime (static initialisation guards, exception
+  # personality). CMake adds it to in-tree programs as a CUDA implicit library, but neither to
+  # libregroup.so (linked as C) nor to programs of other projects that link libregroup.a, so
+  # the static library's link interface names it.
+  target_link_libraries(regroup PRIVATE stdc++)
 endif()
 target_include_directories(regroup_shared INTERFACE
                            $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
@@ -61,12 +65,25 @@ set(REGROUP_PKGCONFIG_DIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 install(TARGETS regroup_shared EXPORT regroupTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS regroup ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# libregroup.a as regroup::regroup_static, in an export set of its own that the package
+# loads only for find_package(regroup COMPONENTS static), after finding its dependencies.
+set_target_properties(regroup PROPERTIES EXPORT_NAME regroup_static)
+install(TARGETS regroup EXPORT regroupStaticTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS regroup-bin RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/regroup
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 
 install(EXPORT regroupTargets NAMESPACE regroup:: DESTINATION ${REGROUP_CMAKE_DIR})
+install(EXPORT regroupStaticTargets NAMESPACE regroup:: DESTINATION ${REGROUP_CMAKE_DIR})
+# The static target's link interface names the imported targets the parts link
+# (PkgConfig::<PREFIX> of their pkg_check_modules, ZLIB::ZLIB, CUDA::cudart): the package
+# makes the same ones. A part that links a new dependency adds it here too (test_install
+# builds against regroup::regroup_static, and fails when one is missing).
+set(REGROUP_CONFIG_PKG_MODULES "CURL libcurl JANSSON jansson ZSTD libzstd UCX ucx")
+set(REGROUP_CONFIG_CUDA OFF)
+if(CMAKE_CUDA_COMPILER)
+  set(REGROUP_CONFIG_CUDA ON)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/regroupConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/regroupConfig.cmake
                               INSTALL_DESTINATION ${REGROUP_CMAKE_DIR})

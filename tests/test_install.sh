@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The installed library as a user sees it: installs the build into a temporary prefix, checks
 # the file list, the SONAME and that libregroup.so exports the public API only, compiles each
-# installed header alone in C11 and C++, links every declared function from C++, builds examples/starter out of tree with pkg-config
-# (shared, then libregroup.a) and with find_package, and runs each build under the installed
-# regroup --standalone --nproc-per-node=2, the later runs resuming from the earlier ones'
-# checkpoints. Every step has a deadline; the temporary tree is removed on any exit.
+# installed header alone in C11 and C++ and links every declared function from C++, builds
+# examples/starter out of tree with pkg-config (libregroup.so, then libregroup.a with
+# regroup.pc's private dependencies) and with find_package (regroup::regroup, then
+# regroup::regroup_static), and runs each build under the installed regroup --standalone
+# --nproc-per-node=2, each run resuming from the previous one's checkpoints. Every step has a
+# deadline; the temporary tree is removed on any exit.
 #   test_install.sh BUILD_DIR SOURCE_DIR VERSION C_COMPILER [EXTRA_FLAGS]
 # EXTRA_FLAGS go to every compile and link of the starter (the sanitizer build's flags, which
 # a program loading a sanitized libregroup.so needs too).
@@ -153,15 +155,29 @@ if needs "$tmp/starter-static" libregroup; then
     fail "starter-static loads libregroup.so"
 fi
 
-step "starter with find_package(regroup)"
-timeout 300 cmake -S "$tmp/starter" -B "$tmp/starter-build" -DCMAKE_PREFIX_PATH="$prefix" \
-    -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="-Werror $extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
-    >"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; fail "cmake cannot configure the starter"; }
-timeout 300 cmake --build "$tmp/starter-build" >"$tmp/build.log" 2>&1 ||
-    { cat "$tmp/build.log"; fail "cmake cannot build the starter"; }
-[[ -x $tmp/starter-build/starter ]] || fail "no starter in the CMake build"
-needs "$tmp/starter-build/starter" "$soname]" ||
+# cmake_starter NAME [CMAKE ARGS...]: the starter built with find_package(regroup).
+cmake_starter() {
+    local name=$1
+    shift
+    timeout 300 cmake -S "$tmp/starter" -B "$tmp/$name" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="-Werror $extra" \
+        -DCMAKE_EXE_LINKER_FLAGS="$extra" "$@" >"$tmp/$name.cmake.log" 2>&1 ||
+        { cat "$tmp/$name.cmake.log"; fail "cmake cannot configure the starter ($name)"; }
+    timeout 300 cmake --build "$tmp/$name" >"$tmp/$name.build.log" 2>&1 ||
+        { cat "$tmp/$name.build.log"; fail "cmake cannot build the starter ($name)"; }
+    [[ -x $tmp/$name/starter ]] || fail "no starter in the CMake build $name"
+}
+
+step "starter with find_package(regroup): regroup::regroup"
+cmake_starter cmake-shared
+needs "$tmp/cmake-shared/starter" "$soname]" ||
     fail "the CMake-built starter does not load $soname"
+
+step "starter with find_package(regroup COMPONENTS static): regroup::regroup_static"
+cmake_starter cmake-static -DSTARTER_STATIC=ON
+if needs "$tmp/cmake-static/starter" libregroup; then
+    fail "the starter built with regroup::regroup_static loads libregroup.so"
+fi
 
 # Runs the installed regroup on 2 local workers: run NAME BINARY STEPS EXPECTED-LINE...
 run() {
@@ -181,8 +197,10 @@ run() {
 }
 run pkg-config "$tmp/starter-pc" 30 "no checkpoint: starting from scratch" \
     "done steps=30 .* world=2"
-run find_package "$tmp/starter-build/starter" 60 "resumed from step 30" \
+run find_package "$tmp/cmake-shared/starter" 60 "resumed from step 30" \
     "done steps=60 .* world=2"
 run static "$tmp/starter-static" 70 "resumed from step 60" "done steps=70 .* world=2"
+run find_package-static "$tmp/cmake-static/starter" 80 "resumed from step 70" \
+    "done steps=80 .* world=2"
 
 echo "test_install: ok"
