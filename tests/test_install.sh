@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# The installed library as a user sees it: installs the build into a temporary prefix, checks
+# the file list, the SONAME and that libregroup.so exports the public API only, compiles each
+# installed header alone in C11 and C++ and links every declared function from C++, builds
+# examples/starter out of tree with pkg-config (libregroup.so, then libregroup.a with
+# regroup.pc's private dependencies) and with find_package (regroup::regroup, then
+# regroup::regroup_static), and runs each build under the installed regroup --standalone
+# --nproc-per-node=2, each run resuming from the previous one's checkpoints. Every step has a
+# deadline; the temporary tree is removed on any exit.
+#   test_install.sh BUILD_DIR SOURCE_DIR VERSION C_COMPILER [EXTRA_FLAGS]
+# EXTRA_FLAGS go to every compile and link of the starter (the sanitizer build's flags, which
+# a program loading a sanitized libregroup.so needs too).
+set -euo pipefail
+
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+version=$3
+cc=$4
+extra=${5:-}
+cxx=${CXX:-c++}
+read -r -a extra_flags <<<"$extra"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/regroup-install.XXXXXX")
+cleanup() {
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() {
+    echo "test_install: FAIL: $*" >&2
+    exit 1
+}
+step() {
+    echo "== $*"
+}
+# needs FILE NAME: whether FILE's dynamic section has a NEEDED entry starting with NAME.
+needs() {
+    local dyn
+    dyn=$(readelf -d "$1")
+    grep -q "(NEEDED).*\[$2" <<<"$dyn"
+}
+
+# The SONAME carries major.minor while the version is 0.x (a minor release may change the
+# ABI), the major alone from 1.0.
+IFS=. read -r major minor _ <<<"$version"
+if [[ $major == 0 ]]; then
+    soname=libregroup.so.$major.$minor
+else
+    soname=libregroup.so.$major
+fi
+
+prefix=$tmp/prefix
+mkdir -p "$tmp/tmp"
+
+step "install into $prefix"
+timeout 300 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log"; fail "cmake --install"; }
+(cd "$prefix" && find . -type f -o -type l | sort)
+
+libdir=$(dirname "$(find "$prefix" -name libregroup.a | head -n 1)")
+[[ -f $libdir/libregroup.a ]] || fail "no libregroup.a"
+for f in "$prefix/bin/regroup" "$libdir/libregroup.so" "$libdir/$soname" \
+         "$libdir/pkgconfig/regroup.pc" "$libdir/cmake/regroup/regroupConfig.cmake" \
+         "$libdir/cmake/regroup/regroupConfigVersion.cmake" \
+         "$libdir/cmake/regroup/regroupTargets.cmake"; do
+    [[ -e $f ]] || fail "not installed: ${f#"$prefix"/}"
+done
+for h in "$src"/include/regroup/*.h; do
+    cmp -s "$h" "$prefix/include/regroup/${h##*/}" || fail "header not installed: ${h##*/}"
+done
+
+step "SONAME $soname"
+got=$(readelf -d "$libdir/libregroup.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[[ $got == "$soname" ]] || fail "SONAME is '$got', not '$soname'"
+
+step "libregroup.so exports the functions of include/regroup/*.h, nothing else"
+# Declared: gcc's own list of the prototypes it read (-aux-info, which only gcc has, whatever
+# the build's compiler), static inline ones left out.
+for h in "$prefix"/include/regroup/*.h; do
+    echo "#include <regroup/${h##*/}>"
+done >"$tmp/all.c"
+gcc -std=c11 -I"$prefix/include" -fsyntax-only -aux-info "$tmp/aux.txt" "$tmp/all.c"
+grep "/include/regroup/" "$tmp/aux.txt" | grep -v '\*/ static ' |
+    sed -n 's/^\/\* [^*]* \*\/ extern [^(]*[ *]\(rg_[A-Za-z0-9_]*\) (.*/\1/p' |
+    sort -u >"$tmp/declared"
+nm -D --defined-only "$libdir/libregroup.so" | awk '{print $3}' | sed 's/@.*//' |
+    sort -u >"$tmp/exported"
+[[ -s $tmp/declared ]] || fail "no function found in the headers"
+if ! diff "$tmp/declared" "$tmp/exported" >"$tmp/exports.diff"; then
+    sed 's/^</declared, not exported:/; s/^>/exported, not declared:/' "$tmp/exports.diff" \
+        | grep ':' >&2
+    fail "the exported symbols differ from the public API"
+fi
+echo "$(wc -l <"$tmp/exported") functions exported"
+
+step "each header compiles alone, first, in C11 and C++"
+for h in "$prefix"/include/regroup/*.h; do
+    name=${h##*/}
+    printf '#include <regroup/%s>\nint rg_header_test_dummy;\n' "$name" >"$tmp/h.c"
+    cp "$tmp/h.c" "$tmp/h.cc"
+    timeout 60 "$cc" -std=c11 -Wall -Wextra -Werror -Wpedantic -I"$prefix/include" \
+        -fsyntax-only "$tmp/h.c" || fail "$name does not compile alone in C11"
+    for std in c++11 c++17; do
+        timeout 60 "$cxx" -std=$std -Wall -Wextra -Werror -Wpedantic -I"$prefix/include" \
+            -fsyntax-only "$tmp/h.cc" || fail "$name does not compile alone as $std"
+    done
+    echo "$name: ok"
+done
+
+step "every declared function links from C++ (the headers' extern \"C\")"
+# A header without the guard would make these references C++-mangled names, undefined here.
+{
+    cat "$tmp/all.c"
+    echo 'typedef void (*rg_any_fn_t)();'
+    echo 'static rg_any_fn_t const fns[] = {'
+    sed 's/.*/    reinterpret_cast<rg_any_fn_t>(\&&),/' "$tmp/declared"
+    echo '};'
+    echo 'int main() { return fns[0] == nullptr; }'
+} >"$tmp/link.cc"
+timeout 120 "$cxx" -std=c++11 -Wall -Wextra -Werror "${extra_flags[@]}" -I"$prefix/include" \
+    -o "$tmp/link-cxx" "$tmp/link.cc" -L"$libdir" -lregroup -Wl,-rpath,"$libdir" ||
+    fail "the public API does not link from C++"
+timeout 60 "$tmp/link-cxx" || fail "a C++ program cannot load libregroup.so"
+
+# The starter, copied out of the source tree: only the installed files can be used.
+cp -r "$src/examples/starter" "$tmp/starter"
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+[[ $(pkg-config --modversion regroup) == "$(sed -n 's/^Version: //p' "$PKG_CONFIG_PATH/regroup.pc")" ]] ||
+    fail "pkg-config does not find regroup.pc"
+pc_libdir=$(pkg-config --variable=libdir regroup)
+[[ $pc_libdir -ef $libdir ]] || fail "regroup.pc's libdir is $pc_libdir, not $libdir"
+
+step "starter with pkg-config (shared)"
+# shellcheck disable=SC2046
+timeout 120 "$cc" -std=c11 -Wall -Wextra -Werror "${extra_flags[@]}" -o "$tmp/starter-pc" \
+    "$tmp/starter/starter.c" $(pkg-config --cflags --libs regroup) -Wl,-rpath,"$pc_libdir" ||
+    fail "cannot build the starter with pkg-config"
+needs "$tmp/starter-pc" "$soname]" || fail "starter-pc does not load $soname"
+
+step "starter with libregroup.a and regroup.pc's private dependencies"
+# What `pkg-config --static` adds: Requires.private and Libs.private. The link takes the
+# Requires.private modules' shared libraries (--libs, not --static: libcurl's own static
+# closure needs -dev packages this machine need not have), so that it checks that regroup.pc
+# lists every dependency of libregroup.a.
+pkg-config --static --libs regroup >/dev/null || fail "pkg-config --static cannot resolve regroup"
+mods=$(pkg-config --print-requires-private regroup)
+libs_private=$(sed -n 's/^Libs.private: //p' "$PKG_CONFIG_PATH/regroup.pc")
+# shellcheck disable=SC2046,SC2086
+timeout 120 "$cc" -std=c11 -Wall -Wextra -Werror "${extra_flags[@]}" -o "$tmp/starter-static" \
+    "$tmp/starter/starter.c" $(pkg-config --cflags regroup) -L"$pc_libdir" -l:libregroup.a \
+    $libs_private $(pkg-config --libs $mods) ||
+    fail "cannot link the starter with libregroup.a and regroup.pc's private dependencies"
+if needs "$tmp/starter-static" libregroup; then
+    fail "starter-static loads libregroup.so"
+fi
+
+# cmake_starter NAME [CMAKE ARGS...]: the starter built with find_package(regroup).
+cmake_starter() {
+    local name=$1
+    shift
+    timeout 300 cmake -S "$tmp/starter" -B "$tmp/$name" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="-Werror $extra" \
+        -DCMAKE_EXE_LINKER_FLAGS="$extra" "$@" >"$tmp/$name.cmake.log" 2>&1 ||
+        { cat "$tmp/$name.cmake.log"; fail "cmake cannot configure the starter ($name)"; }
+    timeout 300 cmake --build "$tmp/$name" >"$tmp/$name.build.log" 2>&1 ||
+        { cat "$tmp/$name.build.log"; fail "cmake cannot build the starter ($name)"; }
+    [[ -x $tmp/$name/starter ]] || fail "no starter in the CMake build $name"
+}
+
+step "starter with find_package(regroup): regroup::regroup"
+cmake_starter cmake-shared
+needs "$tmp/cmake-shared/starter" "$soname]" ||
+    fail "the CMake-built starter does not load $soname"
+
+step "starter with find_package(regroup COMPONENTS static): regroup::regroup_static"
+cmake_starter cmake-static -DSTARTER_STATIC=ON
+if needs "$tmp/cmake-static/starter" libregroup; then
+    fail "the starter built with regroup::regroup_static loads libregroup.so"
+fi
+
+# Runs the installed regroup on 2 local workers: run NAME BINARY STEPS EXPECTED-LINE...
+run() {
+    local name=$1 bin=$2 steps=$3
+    shift 3
+    step "run $name: regroup --standalone --nproc-per-node=2 ${bin##*/} --steps $steps"
+    local rc=0
+    env PATH="$prefix/bin:$PATH" TMPDIR="$tmp/tmp" UCX_NET_DEVICES=lo \
+        REGROUP_CKPT_DIR="$tmp/ckpt" \
+        timeout -k 10 180 regroup --standalone --nproc-per-node=2 --max-restarts=0 \
+        "$bin" --steps "$steps" --ckpt-every 10 >"$tmp/$name.out" 2>&1 || rc=$?
+    cat "$tmp/$name.out"
+    [[ $rc -eq 0 ]] || fail "run $name exited with $rc"
+    for want in "$@"; do
+        grep -q -- "$want" "$tmp/$name.out" || fail "run $name did not print '$want'"
+    done
+}
+run pkg-config "$tmp/starter-pc" 30 "no checkpoint: starting from scratch" \
+    "done steps=30 .* world=2"
+run find_package "$tmp/cmake-shared/starter" 60 "resumed from step 30" \
+    "done steps=60 .* world=2"
+run static "$tmp/starter-static" 70 "resumed from step 60" "done steps=70 .* world=2"
+run find_package-static "$tmp/cmake-static/starter" 80 "resumed from step 70" \
+    "done steps=80 .* world=2"
+
+echo "test_install: ok"
