@@ -66,9 +66,12 @@ typedef struct {
     int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
     int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
     char        role[64];
-    char        log_dir[512];       /* required by redirects and tee */
-    int         redirects;          /* 0..3; bit 1: stdout, bit 2: stderr to files */
-    int         tee;                /* same bits: to files and the console */
+    char        log_dir[512];       /* "": a temporary one when redirects or tee need it */
+    int         redirects;          /* 0..3 for every local rank (bit 1: stdout, bit 2: stderr
+                                     * to files), or -1: per local rank, in redirects_map */
+    int         tee;                /* same bits: to files and the console; -1: tee_map */
+    unsigned char redirects_map[LAUNCHER_MAX_NPROC]; /* with -1: local rank i's bits */
+    unsigned char tee_map[LAUNCHER_MAX_NPROC];
     char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
     bool        module;             /* run argv[0] as a python module */
@@ -101,6 +104,10 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out);
 /* "--nproc-per-node=0", "REGROUP_NPROC_PER_NODE=0", ...: field f as its source gave it. */
 void rg_agent_params_label(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
                            size_t len);
+/* Local rank i's redirects (tee false) or tee bits, from the value or the per-rank map. */
+int  launcher_std_bits(const rg_agent_params_t *p, bool tee, int local_rank);
+/* True if some local rank's output goes to files (redirects or tee). */
+bool launcher_needs_log_dir(const rg_agent_params_t *p);
 /* The etcd client parameters for endpoints with p's TLS files and user (strings borrowed). */
 rg_etcd_params_t launcher_etcd_params(const rg_agent_params_t *p, const char *endpoints);
 
@@ -166,6 +173,7 @@ typedef struct {
     const rg_rdzv_assignment_t *asg;
     const char                 *endpoints;
     const char                 *local_addr;   /* resolved */
+    const char                 *log_dir;      /* cfg's, or the temporary one; "" for none */
 } launcher_spawn_t;
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,

@@ -41,6 +41,7 @@ typedef struct {
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     char                     endpoints[1024];
     char                     local_addr[256];
+    char                     log_dir[512];   /* cfg's, or a temporary one made here */
 } agent_t;
 
 /* Handles what the signalfd says; returns true if the agent must stop. */
@@ -64,7 +65,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
-                           .local_addr = ag->local_addr};
+                           .local_addr = ag->local_addr, .log_dir = ag->log_dir};
     rg_status_t st;
 
     rg_log_set_identity(asg->rank_offset, asg->round);
@@ -257,6 +258,31 @@ static void resolve_local_addr(agent_t *ag)
     }
 }
 
+/* torchrun's way with --redirects or --tee and no --log-dir: a temporary directory, said once
+ * and kept after the job, since the output sent there is nowhere else. */
+static rg_status_t make_log_dir(agent_t *ag)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    char label[600];
+
+    snprintf(ag->log_dir, sizeof(ag->log_dir), "%s", cfg->log_dir);
+    if (cfg->log_dir[0] != '\0' || !launcher_needs_log_dir(cfg)) {
+        return RG_OK;
+    }
+    snprintf(ag->log_dir, sizeof(ag->log_dir), "%s/regroup-logs-%s-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", cfg->job);
+    if (mkdtemp(ag->log_dir) == NULL) {
+        rg_status_t st = rg_error(RG_ESYS, "cannot create %s: %s", ag->log_dir, strerror(errno));
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        return st;
+    }
+    rg_agent_params_label(cfg, cfg->tee != 0 ? RG_AGENT_TEE : RG_AGENT_REDIRECTS, label,
+                          sizeof(label));
+    fprintf(stderr, "regroup: %s without --log-dir: the workers' logs go to %s (kept after the "
+            "job)\n", label, ag->log_dir);
+    return RG_OK;
+}
+
 static rg_status_t agent_main(agent_t *ag)
 {
     const rg_agent_params_t *cfg = ag->cfg;
@@ -264,6 +290,10 @@ static rg_status_t agent_main(agent_t *ag)
     rg_status_t st;
 
     resolve_local_addr(ag);
+    st = make_log_dir(ag);
+    if (st != RG_OK) {
+        return st;
+    }
     if (cfg->standalone) {
         st = start_private_etcd(ag, &etcd);
         if (st != RG_OK) {

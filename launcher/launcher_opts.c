@@ -73,7 +73,9 @@ void launcher_usage(FILE *out)
 "  --grace-period=S          SIGTERM to SIGKILL when stopping workers (default 5)\n"
 "  --role=NAME               ROLE_NAME of the workers (default 'default')\n"
 "  --log-dir=DIR             write each worker's stdout/stderr under DIR\n"
-"  -r, --redirects=0|1|2|3   to files instead of the console: 1 stdout, 2 stderr, 3 both\n"
+"  -r, --redirects=0|1|2|3   to files instead of the console: 1 stdout, 2 stderr, 3 both;\n"
+"                            or per local rank, 0:3,1:1 (ranks not named: 0); without\n"
+"                            --log-dir, in a temporary directory kept after the job\n"
 "  -t, --tee=0|1|2|3         to files and the console, lines prefixed with [rank N]\n"
 "  --local-addr=ADDR         this node's address (default 127.0.0.1 for a loopback etcd,\n"
 "                            else the host name)\n"
@@ -228,6 +230,44 @@ static int apply_nnodes(rg_agent_params_t *p, const opt_t *o, const char *v, con
     return 0;
 }
 
+/* --redirects / --tee: one value for every local rank, or torchrun's per-local-rank map
+ * "0:3,1:1" (local ranks not named get 0; those at or past --nproc-per-node are ignored, as
+ * torchrun ignores them). */
+static int parse_std(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src)
+{
+    static const char why[] = "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) or a "
+                              "per-local-rank map such as 0:3,1:1";
+    bool tee = o->id == O_TEE;
+    int *value = tee ? &p->tee : &p->redirects;
+    unsigned char *map = tee ? p->tee_map : p->redirects_map;
+    const char *s = v;
+
+    memset(map, 0, LAUNCHER_MAX_NPROC);
+    if (strchr(v, ':') == NULL) {
+        return parse_int(v, value) && *value >= 0 ? 0 : bad_src(o, src, v, why);
+    }
+    *value = -1;
+    for (;;) {
+        char *end;
+        long rank;
+        errno = 0;
+        rank = strtol(s, &end, 10);
+        if (errno != 0 || end == s || *s < '0' || *s > '9' || *end != ':' ||
+            end[1] < '0' || end[1] > '3' || (end[2] != ',' && end[2] != '\0')) {
+            return bad_src(o, src, v, why);
+        }
+        if (rank >= LAUNCHER_MAX_NPROC) {
+            return bad_src(o, src, v, "local ranks go up to 255 (at most 256 workers a node)");
+        }
+        map[rank] = (unsigned char)(end[1] - '0');
+        if (end[2] == '\0') {
+            break;
+        }
+        s = end + 3;
+    }
+    return 0;
+}
+
 static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src,
                  bool *print_config)
 {
@@ -275,11 +315,7 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
     case O_LOG_DIR: ok = store(p->log_dir, sizeof(p->log_dir), v); break;
     case O_REDIRECTS:
     case O_TEE:
-        if (!parse_int(v, o->id == O_TEE ? &p->tee : &p->redirects)) {
-            return bad_src(o, src, v, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
-                                   "per-rank maps are not supported");
-        }
-        break;
+        return parse_std(p, o, v, src);
     case O_LOCAL_ADDR: ok = store(p->local_addr, sizeof(p->local_addr), v); break;
     case O_NO_PYTHON: p->no_python = true; break;
     case O_MODULE: p->module = true; break;

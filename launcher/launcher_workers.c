@@ -170,7 +170,7 @@ static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, co
     char dir[1024];
     char path[1100];
     const rg_agent_params_t *cfg = sp->cfg;
-    snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", cfg->log_dir, cfg->job,
+    snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", sp->log_dir, cfg->job,
              sp->asg->round, w->rank);
     /* mkdir -p, bounded by the path's depth */
     for (char *p = dir + 1; *p; p++) {
@@ -232,11 +232,12 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
             close(out[1]);
             return rg_error(RG_ESYS, "pipe: %s", strerror(errno));
         }
-        if (cfg->log_dir[0] != '\0') {
-            if ((cfg->redirects | cfg->tee) & 1) {
+        int to_files = launcher_std_bits(cfg, false, i) | launcher_std_bits(cfg, true, i);
+        if (sp->log_dir != NULL && sp->log_dir[0] != '\0') {
+            if (to_files & 1) {
                 w->out_log = open_log(sp, w, "stdout");
             }
-            if ((cfg->redirects | cfg->tee) & 2) {
+            if (to_files & 2) {
                 w->err_log = open_log(sp, w, "stderr");
             }
         }
@@ -302,9 +303,9 @@ static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_
         fputc('\n', log);
         fflush(log);
     }
-    if (cfg->tee & bit) {
+    if (launcher_std_bits(cfg, true, w->local_rank) & bit) {
         fprintf(console, "[rank %d]: %.*s\n", w->rank, (int)len, line);
-    } else if (!(cfg->redirects & bit)) {
+    } else if (!(launcher_std_bits(cfg, false, w->local_rank) & bit)) {
         fprintf(console, "%.*s\n", (int)len, line);
     }
 }

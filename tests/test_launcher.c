@@ -378,6 +378,67 @@ START_TEST(test_log_dir_tee_and_redirects)
 }
 END_TEST
 
+static int run_cmd(const char *args, char *out, size_t len);
+
+/* --tee without --log-dir, as torchrun takes it: a temporary log directory, said once and
+ * kept after the job. */
+START_TEST(test_tee_without_log_dir)
+{
+    char line[1024];
+    char logdir[512] = "";
+    char path[700];
+    int said = 0;
+    stop_workers();
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", "--tee=3", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 1]: rank 1 done"));
+    FILE *f = fopen(agent_log(0), "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "--tee=3 without --log-dir: the workers' logs go to ");
+        if (p != NULL) {
+            said++;
+            ck_assert_int_eq(sscanf(strstr(p, " go to ") + 7, "%511s", logdir), 1);
+        }
+    }
+    fclose(f);
+    ck_assert_int_eq(said, 1);
+    ck_assert(log_contains(0, "(kept after the job)"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 1 done"), "%s", path);
+    test_rmtree(logdir);
+}
+END_TEST
+
+/* torchrun's per-local-rank maps: -r 1:1 sends only local rank 1's stdout to its file,
+ * --tee 0:3 tees only local rank 0's. */
+START_TEST(test_per_rank_redirects_and_tee)
+{
+    char logdir[300];
+    char arg[320];
+    char path[512];
+    char out[4096];
+    stop_workers();
+    snprintf(logdir, sizeof(logdir), "%s/logs", dir);
+    snprintf(arg, sizeof(arg), "--log-dir=%s", logdir);
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", arg, "--tee", "0:3", "-r",
+                            "1:1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 0]: rank 0 done"));
+    ck_assert(!log_contains(0, "rank 1 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 0 done"), "%s", path);
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 1 done"), "%s", path);
+    /* --print-config shows the maps as given. */
+    ck_assert_int_eq(run_cmd("--print-config --standalone --tee=0:3,1:1 -r 1:2", out,
+                             sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "tee                  0:3,1:1 ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "redirects            1:2 ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "(a new temporary directory)") != NULL, "%s", out);
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char out[2048] = "";
@@ -400,7 +461,8 @@ START_TEST(test_bad_options)
     ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--standalone", "--rdzv-backend"), 2);
     ck_assert_int_eq(run_bad("--nnodes=2", NULL, "--rdzv-endpoint is required"), 2);
     ck_assert_int_eq(run_bad("--standalone", "--nnodes=2", "--standalone"), 2);
-    ck_assert_int_eq(run_bad("--tee=3", "--standalone", "--log-dir"), 2);
+    ck_assert_int_eq(run_bad("--tee=0:4", "--standalone", "--tee=0:4: expected 0 (none)"), 2);
+    ck_assert_int_eq(run_bad("-r", "0:1,", "--redirects=0:1,: expected"), 2);
 }
 END_TEST
 
@@ -518,6 +580,8 @@ int main(void)
     tcase_add_test(tc2, test_print_config_sources);
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
+    tcase_add_test(tc2, test_tee_without_log_dir);
+    tcase_add_test(tc2, test_per_rank_redirects_and_tee);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
     suite_add_tcase(s, tc2);
