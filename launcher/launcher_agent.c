@@ -72,7 +72,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     ag->restart_count = asg->restart_count;
     st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
     if (st != RG_OK) {
-        ag->error = rg_error_wrap(st, "cannot start workers");
+        ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);
         return ROUND_ERROR;

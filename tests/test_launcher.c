@@ -439,6 +439,33 @@ START_TEST(test_per_rank_redirects_and_tee)
 }
 END_TEST
 
+/* A program that cannot be executed ends the job at once, named with the reason, without
+ * burning restarts or printing a table of worker failures. */
+START_TEST(test_program_that_cannot_run)
+{
+    char out[4096];
+    char cmd[600];
+    char path[300];
+    uint64_t t0 = rg_now_ns();
+    int rc = run_cmd("--standalone --nproc-per-node=2 --max-restarts=3 /nonexistent/program",
+                     out, sizeof(out));
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "regroup: cannot run /nonexistent/program: No such file or "
+                              "directory\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "failed") == NULL && strstr(out, "restart") == NULL, "%s", out);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    /* Found but not executable: the reason is exec's. */
+    snprintf(path, sizeof(path), "%s/not-executable", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "--standalone --max-restarts=3 %s", path);
+    ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 1);
+    ck_assert_msg(strstr(out, ": Permission denied\n") != NULL && strstr(out, path) != NULL,
+                  "%s", out);
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char out[2048] = "";
@@ -581,6 +608,7 @@ int main(void)
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_tee_without_log_dir);
+    tcase_add_test(tc2, test_program_that_cannot_run);
     tcase_add_test(tc2, test_per_rank_redirects_and_tee);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
