@@ -564,6 +564,35 @@ START_TEST(test_etcd_unreachable)
 }
 END_TEST
 
+/* A host name that does not resolve (RFC 2606's .invalid never does, and asks nothing of the
+ * network beyond the local resolver) is said at once, not waited out to the join deadline;
+ * with several endpoints the agent fails over, and fails at once only when none resolves. */
+START_TEST(test_endpoint_that_does_not_resolve)
+{
+    char eps[700];
+    uint64_t t0 = rg_now_ns();
+    pid_t pid = start_agent(0, "--rdzv-endpoint=not-a-host.invalid:2379",
+                            "--rdzv-conf=join_timeout=60", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 5000000000ull);
+    ck_assert(log_contains(0, "the host name not-a-host.invalid does not resolve"));
+    ck_assert(!log_contains(0, "deadline"));
+
+    pid = start_agent(1, "--rdzv-endpoint=a.invalid:2379,http://b.invalid:2379",
+                      "--rdzv-conf=join_timeout=60", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    ck_assert(log_contains(1, "none of the endpoints' host names resolves (a.invalid, "
+                              "b.invalid)"));
+
+    /* One that resolves among them: the job runs on it. */
+    snprintf(eps, sizeof(eps), "not-a-host.invalid:2379,%s", etcd.srv.endpoints);
+    stop_workers();
+    pid = start_agent(2, "--rdzv-endpoint", eps, "--rdzv-id", "job1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 0);
+}
+END_TEST
+
 START_TEST(test_etcd_member_loss)
 {
     test_etcd_t cluster;
@@ -598,6 +627,7 @@ int main(void)
     tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
+    tcase_add_test(tc, test_endpoint_that_does_not_resolve);
     suite_add_tcase(s, tc);
     TCase *tc2 = tcase_create("standalone");
     tcase_set_timeout(tc2, 120);
