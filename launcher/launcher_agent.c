@@ -10,6 +10,7 @@
 #include "launcher.h"
 
 #include "etcd_server.h"
+#include "launcher_c10d.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -299,6 +300,11 @@ static rg_status_t agent_main(agent_t *ag)
         if (st != RG_OK) {
             return st;
         }
+    } else if (cfg->backend == RG_AGENT_BACKEND_C10D) {
+        st = launcher_c10d_serve(cfg, ag->endpoints, sizeof(ag->endpoints), &etcd);
+        if (st != RG_OK) {
+            return st;
+        }
     } else {
         snprintf(ag->endpoints, sizeof(ag->endpoints), "%s", cfg->endpoint);
     }
@@ -341,6 +347,12 @@ static rg_status_t agent_main(agent_t *ag)
 out:
     rg_rdzv_destroy(ag->rdzv);
     if (etcd != NULL) {
+        /* The rendezvous this agent serves outlives its own part of the job until the other
+         * agents have left (torchrun's exit barrier), unless a signal stopped this agent. */
+        if (!cfg->standalone && ag->stop_signal == 0) {
+            launcher_c10d_linger(etcd, ag->sigfd);
+        }
+        rg_info("stopping the etcd at %s (pid %d)", etcd->endpoints, (int)etcd->pid[0]);
         rg_etcd_server_stop(etcd);
         free(etcd);
     }

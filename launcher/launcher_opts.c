@@ -13,7 +13,7 @@
 typedef enum {
     O_NNODES, O_NPROC, O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_STANDALONE,
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
-    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_COUNT
+    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER, O_COUNT
 } opt_id_t;
 
 typedef struct {
@@ -28,7 +28,7 @@ typedef struct {
 static const opt_t opts[] = {
     {"nnodes", 0, O_NNODES, true, "REGROUP_NNODES", RG_AGENT_NNODES},
     {"nproc-per-node", 0, O_NPROC, true, "REGROUP_NPROC_PER_NODE", RG_AGENT_NPROC},
-    {"rdzv-backend", 0, O_RDZV_BACKEND, true, NULL, -1},
+    {"rdzv-backend", 0, O_RDZV_BACKEND, true, "REGROUP_RDZV_BACKEND", RG_AGENT_BACKEND},
     {"rdzv-endpoint", 0, O_RDZV_ENDPOINT, true, "REGROUP_RDZV_ENDPOINT", RG_AGENT_ENDPOINT},
     {"rdzv-id", 0, O_RDZV_ID, true, "REGROUP_RDZV_ID", RG_AGENT_JOB},
     {"rdzv-conf", 0, O_RDZV_CONF, true, "REGROUP_RDZV_CONF", -1},
@@ -46,6 +46,8 @@ static const opt_t opts[] = {
     {"help", 'h', O_HELP, false, NULL, -1},
     {"print-config", 0, O_PRINT_CONFIG, false, NULL, -1},
     {"grace-period", 0, O_GRACE, true, "REGROUP_GRACE_PERIOD", RG_AGENT_GRACE},
+    {"master-addr", 0, O_MASTER, true, NULL, -1},
+    {"master-port", 0, O_MASTER, true, NULL, -1},
 };
 
 void launcher_usage(FILE *out)
@@ -62,8 +64,10 @@ void launcher_usage(FILE *out)
 "\n"
 "  --nnodes=N|MIN:MAX        nodes in the job (default 1)\n"
 "  --nproc-per-node=N        workers on this node (default 1)\n"
-"  --rdzv-backend=etcd       the only backend (etcd v3)\n"
-"  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://\n"
+"  --rdzv-backend=etcd|c10d  etcd (default): the etcd v3 endpoints of your own etcd;\n"
+"                            c10d: the agent on the endpoint's host serves the rendezvous\n"
+"                            (a single-member etcd on that port, default 29400)\n"
+"  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://; c10d: one HOST[:PORT]\n"
 "  --rdzv-id=JOB             job id shared by the job's nodes (default none)\n"
 "  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl (seconds), user,\n"
 "                            password, cacert, cert, key, grace_period\n"
@@ -83,6 +87,8 @@ void launcher_usage(FILE *out)
 "  -m, --module              run PROGRAM as a python module (python3 -m)\n"
 "  --node-rank=N             accepted for torchrun compatibility; ranks come from the\n"
 "                            rendezvous\n"
+"  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
+"                            --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT\n"
 "  --print-config            print every setting and where it came from, then exit\n"
 "  -h, --help                this text\n");
 }
@@ -268,6 +274,14 @@ static int parse_std(rg_agent_params_t *p, const opt_t *o, const char *v, const 
     return 0;
 }
 
+/* torchrun's static rendezvous (--master-addr, --master-port, a --node-rank per node): fixed
+ * membership is what an elastic job replaces, and c10d runs the same job with the node ranks
+ * from the rendezvous. */
+static const char static_why[] =
+    "torchrun's fixed membership (--rdzv-backend=static, --master-addr, --master-port) is not "
+    "supported; run the same job with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT and "
+    "the same --nnodes (node ranks then come from the rendezvous)";
+
 static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src,
                  bool *print_config)
 {
@@ -287,8 +301,15 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         }
         break;
     case O_RDZV_BACKEND:
-        if (strcmp(v, "etcd") != 0 && strcmp(v, "etcd-v3") != 0 && strcmp(v, "etcd-v2") != 0) {
-            return bad_src(o, src, v, "the only rendezvous backend is etcd");
+        if (strcmp(v, "etcd") == 0 || strcmp(v, "etcd-v3") == 0 || strcmp(v, "etcd-v2") == 0) {
+            p->backend = RG_AGENT_BACKEND_ETCD;
+        } else if (strcmp(v, "c10d") == 0) {
+            p->backend = RG_AGENT_BACKEND_C10D;
+        } else if (strcmp(v, "static") == 0) {
+            return bad_src(o, src, v, static_why);
+        } else {
+            return bad_src(o, src, v, "expected etcd (an etcd of your own) or c10d (the agent "
+                           "on the endpoint's host serves the rendezvous)");
         }
         break;
     case O_RDZV_ENDPOINT:
@@ -326,6 +347,7 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         }
         break;
     }
+    case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:
     case O_COUNT:

@@ -21,6 +21,7 @@ typedef struct {
 static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_NNODES] = {"nnodes", "nnodes", NULL, K_NODES, true},
     [RG_AGENT_NPROC] = {"nproc_per_node", "nproc-per-node", NULL, K_INT, true},
+    [RG_AGENT_BACKEND] = {"rdzv_backend", "rdzv-backend", NULL, K_STR, true},
     [RG_AGENT_ENDPOINT] = {"rdzv_endpoint", "rdzv-endpoint", NULL, K_STR, true},
     [RG_AGENT_JOB] = {"rdzv_id", "rdzv-id", NULL, K_STR, true},
     [RG_AGENT_LAST_CALL] = {"last_call_timeout", "rdzv-conf", "last_call_timeout", K_MS, true},
@@ -127,6 +128,9 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_JOIN_TIMEOUT:
     case RG_AGENT_MONITOR:
     case RG_AGENT_GRACE: snprintf(buf, len, "%g", (double)ms_of(p, f) / 1000); break;
+    case RG_AGENT_BACKEND:
+        snprintf(buf, len, "%s", p->backend == RG_AGENT_BACKEND_C10D ? "c10d" : "etcd");
+        break;
     case RG_AGENT_ENDPOINT: snprintf(buf, len, "%s", p->endpoint); break;
     case RG_AGENT_JOB: snprintf(buf, len, "%s", p->job); break;
     case RG_AGENT_ROLE: snprintf(buf, len, "%s", p->role); break;
@@ -266,6 +270,17 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
         }
     } else if (p->endpoint[0] == '\0') {
         return rg_error(RG_EINVAL, "--rdzv-endpoint is required (or --standalone for one node)");
+    } else if (p->backend == RG_AGENT_BACKEND_C10D) {
+        char host[256];
+        int port;
+        const char *why;
+        if (!launcher_c10d_split(p->endpoint, host, sizeof(host), &port, &why)) {
+            return BAD(RG_AGENT_ENDPOINT, "%s", why);
+        }
+        if (p->cacert[0] != '\0' || p->cert[0] != '\0' || p->user[0] != '\0') {
+            return BAD(RG_AGENT_BACKEND, "serves a plain-http etcd without users; TLS and "
+                       "passwords need --rdzv-backend=etcd and an etcd of your own");
+        }
     }
     if ((p->cert[0] == '\0') != (p->key[0] == '\0')) {
         return BAD(p->cert[0] ? RG_AGENT_CERT : RG_AGENT_KEY, "cert and key go together");
@@ -301,7 +316,7 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
             snprintf(v, sizeof(v), "%.3f", (double)ms_of(p, (rg_agent_field_t)f) / 1000);
         } else if (f == RG_AGENT_NNODES) {
             snprintf(v, sizeof(v), "%d:%d", p->min_nodes, p->max_nodes);
-        } else if (f == RG_AGENT_ENDPOINT && p->standalone) {
+        } else if ((f == RG_AGENT_ENDPOINT || f == RG_AGENT_BACKEND) && p->standalone) {
             snprintf(v, sizeof(v), "(private etcd)");
         } else {
             value_str(p, (rg_agent_field_t)f, v, sizeof(v));

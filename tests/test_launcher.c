@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -466,6 +467,95 @@ START_TEST(test_program_that_cannot_run)
 }
 END_TEST
 
+/* The pid of a process (not this one) whose command line has text in an argument, or 0. */
+static pid_t process_with_arg(const char *text)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    pid_t found = 0;
+    ck_assert_ptr_nonnull(d);
+    while (found == 0 && (de = readdir(d)) != NULL) {
+        char path[300];
+        char cmd[8192];
+        int pid = atoi(de->d_name);
+        if (pid <= 0 || pid == (int)getpid()) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue;
+        }
+        size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+        fclose(f);
+        cmd[n] = '\0';
+        for (size_t o = 0; o < n && found == 0; o += strlen(cmd + o) + 1) {
+            if (strstr(cmd + o, text) != NULL) {
+                found = pid;
+            }
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* torchrun's multi-node command line: --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT. The agent
+ * on the endpoint's host serves the rendezvous (an etcd on that port), says that it is a
+ * single point of failure, and stops it when the job is over; the other only connects. */
+START_TEST(test_c10d_agent_serves_the_rendezvous)
+{
+    static start_t s[16];
+    char addr[64];
+    char ep[80];
+    char line[1024];
+    int serving = -1;
+    int etcd_pid = 0;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", rg_free_port());
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", addr);
+    stop_workers();   /* the workers finish at once */
+    pid_t a0 = start_agent(0, "--rdzv-backend=c10d", ep, "--nnodes=2", "--nproc-per-node=1",
+                           NULL);
+    pid_t a1 = start_agent(1, "--rdzv-backend", "c10d", ep, "--nnodes=2", "--nproc-per-node=1",
+                           NULL);
+    ck_assert_int_eq(wait_exit(a0, 60000), 0);
+    ck_assert_int_eq(wait_exit(a1, 60000), 0);
+    ck_assert_int_eq(read_starts(s, 16), 2);
+    ck_assert_int_eq(s[0].world, 2);
+    ck_assert_int_eq(s[1].world, 2);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(agent_log(i), "r");
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f) != NULL) {
+            const char *p = strstr(line, "this agent serves the rendezvous at http://");
+            if (p != NULL) {
+                ck_assert_msg(serving < 0, "both agents serve: %s", line);
+                serving = i;
+                ck_assert_ptr_nonnull(strstr(p, addr));
+                ck_assert_int_eq(sscanf(strstr(p, "(a single-member etcd, pid "),
+                                        "(a single-member etcd, pid %d)", &etcd_pid), 1);
+                ck_assert_ptr_nonnull(strstr(p, "single point of failure"));
+                ck_assert_ptr_nonnull(strstr(p, "--rdzv-backend=etcd"));
+            }
+        }
+        fclose(f);
+    }
+    ck_assert_int_ge(serving, 0);
+    ck_assert_int_gt(etcd_pid, 0);
+    ck_assert_msg(test_pid_gone(etcd_pid, 5000), "etcd pid %d still runs", etcd_pid);
+    ck_assert(test_pid_gone(s[0].pid, 5000) && test_pid_gone(s[1].pid, 5000));
+    /* Nothing is left that was started for the endpoint (the etcd of an agent that lost the
+     * race to serve it included). */
+    pid_t left = process_with_arg(addr);
+    ck_assert_msg(left == 0, "pid %d still runs with %s", (int)left, addr);
+    /* --print-config says so. */
+    char out[4096];
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "--print-config --rdzv-backend=c10d %s", ep);
+    ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "rdzv_backend         c10d ") != NULL, "%s", out);
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char out[2048] = "";
@@ -485,7 +575,15 @@ START_TEST(test_bad_options)
     ck_assert_int_eq(run_bad("--standalone", "--rdzv-endpoint=127.0.0.1:1", "--standalone"), 2);
     ck_assert_int_eq(run_bad("--rdzv-conf=nope=1", "--standalone", "nope"), 2);
     ck_assert_int_eq(run_bad("--max-restarts=-1", "--standalone", "--max-restarts"), 2);
-    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--standalone", "--rdzv-backend"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=zeus", "--standalone", "--rdzv-backend=zeus"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=static", "--rdzv-endpoint=127.0.0.1:1",
+                             "with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"), 2);
+    ck_assert_int_eq(run_bad("--master-addr=10.0.0.1", "--standalone",
+                             "with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--rdzv-endpoint=a:1,b:2",
+                             "--rdzv-backend=c10d takes one HOST[:PORT]"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--rdzv-endpoint=a:0",
+                             "expected a port from 1 to 65535"), 2);
     ck_assert_int_eq(run_bad("--nnodes=2", NULL, "--rdzv-endpoint is required"), 2);
     ck_assert_int_eq(run_bad("--standalone", "--nnodes=2", "--standalone"), 2);
     ck_assert_int_eq(run_bad("--tee=0:4", "--standalone", "--tee=0:4: expected 0 (none)"), 2);
@@ -639,6 +737,7 @@ int main(void)
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_tee_without_log_dir);
     tcase_add_test(tc2, test_program_that_cannot_run);
+    tcase_add_test(tc2, test_c10d_agent_serves_the_rendezvous);
     tcase_add_test(tc2, test_per_rank_redirects_and_tee);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
