@@ -556,6 +556,37 @@ START_TEST(test_c10d_agent_serves_the_rendezvous)
 }
 END_TEST
 
+/* The serving agent whose own workers are done keeps the rendezvous up until the other agent
+ * has left, then stops it. */
+START_TEST(test_c10d_serving_agent_waits_for_the_others)
+{
+    static start_t s[16];
+    char ep[80];
+    char dir1[300];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=127.0.0.1:%d", rg_free_port());
+    stop_workers();   /* agent 0's worker finishes at once; agent 1's waits for dir1/stop */
+    pid_t a0 = start_agent(0, "--rdzv-backend=c10d", ep, "--nnodes=2", NULL);
+    test_wait_file_contains(agent_log(0), "this agent serves the rendezvous", 20000);
+    snprintf(dir1, sizeof(dir1), "%s/node1", dir);
+    ck_assert_int_eq(mkdir(dir1, 0755), 0);
+    setenv("RG_TEST_DIR", dir1, 1);
+    pid_t a1 = start_agent(1, "--rdzv-backend=c10d", ep, "--nnodes=2", NULL);
+    setenv("RG_TEST_DIR", dir, 1);
+    test_wait_file_contains(agent_log(0), "waiting up to 300 s for the other agents (1)", 20000);
+    TEST_HOLD_FOR(kill(a0, 0) == 0 && waitpid(a0, NULL, WNOHANG) == 0, 1000,
+                  "the serving agent ended while the other was in the job");
+    snprintf(path, sizeof(path), "%s/stop", dir1);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(wait_exit(a1, 20000), 0);
+    ck_assert_int_eq(wait_exit(a0, 20000), 0);
+    ck_assert_int_eq(read_starts(s, 16), 1);
+    ck_assert(!log_contains(1, "unreachable"));
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char out[2048] = "";
@@ -738,6 +769,7 @@ int main(void)
     tcase_add_test(tc2, test_tee_without_log_dir);
     tcase_add_test(tc2, test_program_that_cannot_run);
     tcase_add_test(tc2, test_c10d_agent_serves_the_rendezvous);
+    tcase_add_test(tc2, test_c10d_serving_agent_waits_for_the_others);
     tcase_add_test(tc2, test_per_rank_redirects_and_tee);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
