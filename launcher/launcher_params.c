@@ -309,6 +309,9 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
         const field_t *d = &fields[f];
         const char *from = p->from[f] ? p->from[f] : "default";
         char v[1100];
+        char host[256];
+        int port;
+        const char *why;
         if (!d->printed) {
             continue;
         }
@@ -318,6 +321,10 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
             snprintf(v, sizeof(v), "%d:%d", p->min_nodes, p->max_nodes);
         } else if ((f == RG_AGENT_ENDPOINT || f == RG_AGENT_BACKEND) && p->standalone) {
             snprintf(v, sizeof(v), "(private etcd)");
+        } else if (f == RG_AGENT_ENDPOINT && p->backend == RG_AGENT_BACKEND_C10D &&
+                   launcher_c10d_split(p->endpoint, host, sizeof(host), &port, &why)) {
+            /* What the agents use: with c10d's default port when none is given. */
+            snprintf(v, sizeof(v), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
         } else {
             value_str(p, (rg_agent_field_t)f, v, sizeof(v));
         }

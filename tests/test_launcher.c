@@ -553,6 +553,9 @@ START_TEST(test_c10d_agent_serves_the_rendezvous)
     snprintf(cmd, sizeof(cmd), "--print-config --rdzv-backend=c10d %s", ep);
     ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
     ck_assert_msg(strstr(out, "rdzv_backend         c10d ") != NULL, "%s", out);
+    ck_assert_int_eq(run_cmd("--print-config --rdzv-backend=c10d --rdzv-endpoint=node1", out,
+                             sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "rdzv_endpoint        node1:29400 ") != NULL, "%s", out);
 }
 END_TEST
 
