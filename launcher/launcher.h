@@ -20,6 +20,7 @@
  * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters.
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
+ * launcher_c10d.c    --rdzv-backend=c10d: serving the rendezvous from the endpoint's host.
  * launcher_status.c  `regroup status`.
  */
 #ifndef REGROUP_LAUNCHER_H
@@ -37,20 +38,31 @@
 
 /* The settings, in --print-config's order; each has a source in rg_agent_params_t.from. */
 typedef enum {
-    RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_ENDPOINT, RG_AGENT_JOB, RG_AGENT_LAST_CALL,
-    RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS, RG_AGENT_MONITOR,
-    RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
+    RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
+    RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
+    RG_AGENT_MONITOR, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
     RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
     RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
 } rg_agent_field_t;
+
+/* Who serves the rendezvous. */
+typedef enum {
+    RG_AGENT_BACKEND_ETCD,          /* an etcd (or a cluster) the job is given */
+    RG_AGENT_BACKEND_C10D,          /* torchrun's c10d: the agent on the endpoint's host serves
+                                     * it, as a single-member etcd on the endpoint's port */
+} rg_agent_backend_t;
+
+#define RG_AGENT_C10D_PORT 29400    /* torchrun's default port of a c10d endpoint */
 
 typedef struct {
     /* rendezvous */
     int         min_nodes;          /* 1..256, min <= max */
     int         max_nodes;
     int         nproc;              /* workers on this node, 1..LAUNCHER_MAX_NPROC */
-    char        endpoint[1024];     /* etcd endpoints; "" with standalone */
+    rg_agent_backend_t backend;
+    char        endpoint[1024];     /* etcd endpoints, or c10d's one HOST[:PORT]; "" with
+                                     * standalone */
     char        job[80];            /* 1-64 of A-Z a-z 0-9 _ . - */
     bool        standalone;         /* start a private etcd (a single node) */
     int64_t     last_call_ms;       /* 0..3600 s */
@@ -66,9 +78,12 @@ typedef struct {
     int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
     int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
     char        role[64];
-    char        log_dir[512];       /* required by redirects and tee */
-    int         redirects;          /* 0..3; bit 1: stdout, bit 2: stderr to files */
-    int         tee;                /* same bits: to files and the console */
+    char        log_dir[512];       /* "": a temporary one when redirects or tee need it */
+    int         redirects;          /* 0..3 for every local rank (bit 1: stdout, bit 2: stderr
+                                     * to files), or -1: per local rank, in redirects_map */
+    int         tee;                /* same bits: to files and the console; -1: tee_map */
+    unsigned char redirects_map[LAUNCHER_MAX_NPROC]; /* with -1: local rank i's bits */
+    unsigned char tee_map[LAUNCHER_MAX_NPROC];
     char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
     bool        module;             /* run argv[0] as a python module */
@@ -101,6 +116,10 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out);
 /* "--nproc-per-node=0", "REGROUP_NPROC_PER_NODE=0", ...: field f as its source gave it. */
 void rg_agent_params_label(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
                            size_t len);
+/* Local rank i's redirects (tee false) or tee bits, from the value or the per-rank map. */
+int  launcher_std_bits(const rg_agent_params_t *p, bool tee, int local_rank);
+/* True if some local rank's output goes to files (redirects or tee). */
+bool launcher_needs_log_dir(const rg_agent_params_t *p);
 /* The etcd client parameters for endpoints with p's TLS files and user (strings borrowed). */
 rg_etcd_params_t launcher_etcd_params(const rg_agent_params_t *p, const char *endpoints);
 
@@ -131,6 +150,14 @@ int  launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_con
  * printing a one-line error naming the bad key. */
 int  launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf);
 void launcher_usage(FILE *out);
+
+/* ---- c10d (launcher_c10d.c) ------------------------------------------------------------ */
+
+/* Splits a c10d endpoint, [http://]HOST[:PORT] or [http://][ADDR6][:PORT], into host (no
+ * brackets) and port (RG_AGENT_C10D_PORT when none). False, with why, if it is not one. */
+bool launcher_c10d_split(const char *endpoint, char *host, size_t cap, int *port,
+                         const char **why);
+/* (serving it: launcher_c10d.h) */
 
 /* ---- workers ------------------------------------------------------------------------- */
 
@@ -166,6 +193,7 @@ typedef struct {
     const rg_rdzv_assignment_t *asg;
     const char                 *endpoints;
     const char                 *local_addr;   /* resolved */
+    const char                 *log_dir;      /* cfg's, or the temporary one; "" for none */
 } launcher_spawn_t;
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,

@@ -10,6 +10,7 @@
 #include "launcher.h"
 
 #include "etcd_server.h"
+#include "launcher_c10d.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -41,6 +42,7 @@ typedef struct {
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     char                     endpoints[1024];
     char                     local_addr[256];
+    char                     log_dir[512];   /* cfg's, or a temporary one made here */
 } agent_t;
 
 /* Handles what the signalfd says; returns true if the agent must stop. */
@@ -64,14 +66,14 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
-                           .local_addr = ag->local_addr};
+                           .local_addr = ag->local_addr, .log_dir = ag->log_dir};
     rg_status_t st;
 
     rg_log_set_identity(asg->rank_offset, asg->round);
     ag->restart_count = asg->restart_count;
     st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
     if (st != RG_OK) {
-        ag->error = rg_error_wrap(st, "cannot start workers");
+        ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);
         return ROUND_ERROR;
@@ -257,6 +259,31 @@ static void resolve_local_addr(agent_t *ag)
     }
 }
 
+/* torchrun's way with --redirects or --tee and no --log-dir: a temporary directory, said once
+ * and kept after the job, since the output sent there is nowhere else. */
+static rg_status_t make_log_dir(agent_t *ag)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    char label[600];
+
+    snprintf(ag->log_dir, sizeof(ag->log_dir), "%s", cfg->log_dir);
+    if (cfg->log_dir[0] != '\0' || !launcher_needs_log_dir(cfg)) {
+        return RG_OK;
+    }
+    snprintf(ag->log_dir, sizeof(ag->log_dir), "%s/regroup-logs-%s-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", cfg->job);
+    if (mkdtemp(ag->log_dir) == NULL) {
+        rg_status_t st = rg_error(RG_ESYS, "cannot create %s: %s", ag->log_dir, strerror(errno));
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        return st;
+    }
+    rg_agent_params_label(cfg, cfg->tee != 0 ? RG_AGENT_TEE : RG_AGENT_REDIRECTS, label,
+                          sizeof(label));
+    fprintf(stderr, "regroup: %s without --log-dir: the workers' logs go to %s (kept after the "
+            "job)\n", label, ag->log_dir);
+    return RG_OK;
+}
+
 static rg_status_t agent_main(agent_t *ag)
 {
     const rg_agent_params_t *cfg = ag->cfg;
@@ -264,8 +291,17 @@ static rg_status_t agent_main(agent_t *ag)
     rg_status_t st;
 
     resolve_local_addr(ag);
+    st = make_log_dir(ag);
+    if (st != RG_OK) {
+        return st;
+    }
     if (cfg->standalone) {
         st = start_private_etcd(ag, &etcd);
+        if (st != RG_OK) {
+            return st;
+        }
+    } else if (cfg->backend == RG_AGENT_BACKEND_C10D) {
+        st = launcher_c10d_serve(cfg, ag->endpoints, sizeof(ag->endpoints), &etcd);
         if (st != RG_OK) {
             return st;
         }
@@ -311,6 +347,12 @@ static rg_status_t agent_main(agent_t *ag)
 out:
     rg_rdzv_destroy(ag->rdzv);
     if (etcd != NULL) {
+        /* The rendezvous this agent serves outlives its own part of the job until the other
+         * agents have left (torchrun's exit barrier), unless a signal stopped this agent. */
+        if (!cfg->standalone && ag->stop_signal == 0) {
+            launcher_c10d_linger(etcd, ag->sigfd);
+        }
+        rg_info("stopping the etcd at %s (pid %d)", etcd->endpoints, (int)etcd->pid[0]);
         rg_etcd_server_stop(etcd);
         free(etcd);
     }

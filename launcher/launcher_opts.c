@@ -13,7 +13,7 @@
 typedef enum {
     O_NNODES, O_NPROC, O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_STANDALONE,
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
-    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_COUNT
+    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER, O_COUNT
 } opt_id_t;
 
 typedef struct {
@@ -28,7 +28,7 @@ typedef struct {
 static const opt_t opts[] = {
     {"nnodes", 0, O_NNODES, true, "REGROUP_NNODES", RG_AGENT_NNODES},
     {"nproc-per-node", 0, O_NPROC, true, "REGROUP_NPROC_PER_NODE", RG_AGENT_NPROC},
-    {"rdzv-backend", 0, O_RDZV_BACKEND, true, NULL, -1},
+    {"rdzv-backend", 0, O_RDZV_BACKEND, true, "REGROUP_RDZV_BACKEND", RG_AGENT_BACKEND},
     {"rdzv-endpoint", 0, O_RDZV_ENDPOINT, true, "REGROUP_RDZV_ENDPOINT", RG_AGENT_ENDPOINT},
     {"rdzv-id", 0, O_RDZV_ID, true, "REGROUP_RDZV_ID", RG_AGENT_JOB},
     {"rdzv-conf", 0, O_RDZV_CONF, true, "REGROUP_RDZV_CONF", -1},
@@ -46,6 +46,8 @@ static const opt_t opts[] = {
     {"help", 'h', O_HELP, false, NULL, -1},
     {"print-config", 0, O_PRINT_CONFIG, false, NULL, -1},
     {"grace-period", 0, O_GRACE, true, "REGROUP_GRACE_PERIOD", RG_AGENT_GRACE},
+    {"master-addr", 0, O_MASTER, true, NULL, -1},
+    {"master-port", 0, O_MASTER, true, NULL, -1},
 };
 
 void launcher_usage(FILE *out)
@@ -62,8 +64,10 @@ void launcher_usage(FILE *out)
 "\n"
 "  --nnodes=N|MIN:MAX        nodes in the job (default 1)\n"
 "  --nproc-per-node=N        workers on this node (default 1)\n"
-"  --rdzv-backend=etcd       the only backend (etcd v3)\n"
-"  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://\n"
+"  --rdzv-backend=etcd|c10d  etcd (default): the etcd v3 endpoints of your own etcd;\n"
+"                            c10d: the agent on the endpoint's host serves the rendezvous\n"
+"                            (a single-member etcd on that port, default 29400)\n"
+"  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://; c10d: one HOST[:PORT]\n"
 "  --rdzv-id=JOB             job id shared by the job's nodes (default none)\n"
 "  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl (seconds), user,\n"
 "                            password, cacert, cert, key, grace_period\n"
@@ -73,7 +77,9 @@ void launcher_usage(FILE *out)
 "  --grace-period=S          SIGTERM to SIGKILL when stopping workers (default 5)\n"
 "  --role=NAME               ROLE_NAME of the workers (default 'default')\n"
 "  --log-dir=DIR             write each worker's stdout/stderr under DIR\n"
-"  -r, --redirects=0|1|2|3   to files instead of the console: 1 stdout, 2 stderr, 3 both\n"
+"  -r, --redirects=0|1|2|3   to files instead of the console: 1 stdout, 2 stderr, 3 both;\n"
+"                            or per local rank, 0:3,1:1 (ranks not named: 0); without\n"
+"                            --log-dir, in a temporary directory kept after the job\n"
 "  -t, --tee=0|1|2|3         to files and the console, lines prefixed with [rank N]\n"
 "  --local-addr=ADDR         this node's address (default 127.0.0.1 for a loopback etcd,\n"
 "                            else the host name)\n"
@@ -81,6 +87,8 @@ void launcher_usage(FILE *out)
 "  -m, --module              run PROGRAM as a python module (python3 -m)\n"
 "  --node-rank=N             accepted for torchrun compatibility; ranks come from the\n"
 "                            rendezvous\n"
+"  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
+"                            --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT\n"
 "  --print-config            print every setting and where it came from, then exit\n"
 "  -h, --help                this text\n");
 }
@@ -228,6 +236,52 @@ static int apply_nnodes(rg_agent_params_t *p, const opt_t *o, const char *v, con
     return 0;
 }
 
+/* --redirects / --tee: one value for every local rank, or torchrun's per-local-rank map
+ * "0:3,1:1" (local ranks not named get 0; those at or past --nproc-per-node are ignored, as
+ * torchrun ignores them). */
+static int parse_std(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src)
+{
+    static const char why[] = "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) or a "
+                              "per-local-rank map such as 0:3,1:1";
+    bool tee = o->id == O_TEE;
+    int *value = tee ? &p->tee : &p->redirects;
+    unsigned char *map = tee ? p->tee_map : p->redirects_map;
+    const char *s = v;
+
+    memset(map, 0, LAUNCHER_MAX_NPROC);
+    if (strchr(v, ':') == NULL) {
+        return parse_int(v, value) && *value >= 0 ? 0 : bad_src(o, src, v, why);
+    }
+    *value = -1;
+    for (;;) {
+        char *end;
+        long rank;
+        errno = 0;
+        rank = strtol(s, &end, 10);
+        if (errno != 0 || end == s || *s < '0' || *s > '9' || *end != ':' ||
+            end[1] < '0' || end[1] > '3' || (end[2] != ',' && end[2] != '\0')) {
+            return bad_src(o, src, v, why);
+        }
+        if (rank >= LAUNCHER_MAX_NPROC) {
+            return bad_src(o, src, v, "local ranks go up to 255 (at most 256 workers a node)");
+        }
+        map[rank] = (unsigned char)(end[1] - '0');
+        if (end[2] == '\0') {
+            break;
+        }
+        s = end + 3;
+    }
+    return 0;
+}
+
+/* torchrun's static rendezvous (--master-addr, --master-port, a --node-rank per node): fixed
+ * membership is what an elastic job replaces, and c10d runs the same job with the node ranks
+ * from the rendezvous. */
+static const char static_why[] =
+    "torchrun's fixed membership (--rdzv-backend=static, --master-addr, --master-port) is not "
+    "supported; run the same job with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT and "
+    "the same --nnodes (node ranks then come from the rendezvous)";
+
 static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src,
                  bool *print_config)
 {
@@ -247,8 +301,15 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         }
         break;
     case O_RDZV_BACKEND:
-        if (strcmp(v, "etcd") != 0 && strcmp(v, "etcd-v3") != 0 && strcmp(v, "etcd-v2") != 0) {
-            return bad_src(o, src, v, "the only rendezvous backend is etcd");
+        if (strcmp(v, "etcd") == 0 || strcmp(v, "etcd-v3") == 0 || strcmp(v, "etcd-v2") == 0) {
+            p->backend = RG_AGENT_BACKEND_ETCD;
+        } else if (strcmp(v, "c10d") == 0) {
+            p->backend = RG_AGENT_BACKEND_C10D;
+        } else if (strcmp(v, "static") == 0) {
+            return bad_src(o, src, v, static_why);
+        } else {
+            return bad_src(o, src, v, "expected etcd (an etcd of your own) or c10d (the agent "
+                           "on the endpoint's host serves the rendezvous)");
         }
         break;
     case O_RDZV_ENDPOINT:
@@ -275,11 +336,7 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
     case O_LOG_DIR: ok = store(p->log_dir, sizeof(p->log_dir), v); break;
     case O_REDIRECTS:
     case O_TEE:
-        if (!parse_int(v, o->id == O_TEE ? &p->tee : &p->redirects)) {
-            return bad_src(o, src, v, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
-                                   "per-rank maps are not supported");
-        }
-        break;
+        return parse_std(p, o, v, src);
     case O_LOCAL_ADDR: ok = store(p->local_addr, sizeof(p->local_addr), v); break;
     case O_NO_PYTHON: p->no_python = true; break;
     case O_MODULE: p->module = true; break;
@@ -290,6 +347,7 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         }
         break;
     }
+    case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:
     case O_COUNT:

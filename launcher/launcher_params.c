@@ -21,6 +21,7 @@ typedef struct {
 static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_NNODES] = {"nnodes", "nnodes", NULL, K_NODES, true},
     [RG_AGENT_NPROC] = {"nproc_per_node", "nproc-per-node", NULL, K_INT, true},
+    [RG_AGENT_BACKEND] = {"rdzv_backend", "rdzv-backend", NULL, K_STR, true},
     [RG_AGENT_ENDPOINT] = {"rdzv_endpoint", "rdzv-endpoint", NULL, K_STR, true},
     [RG_AGENT_JOB] = {"rdzv_id", "rdzv-id", NULL, K_STR, true},
     [RG_AGENT_LAST_CALL] = {"last_call_timeout", "rdzv-conf", "last_call_timeout", K_MS, true},
@@ -70,6 +71,43 @@ static int64_t ms_of(const rg_agent_params_t *p, rg_agent_field_t f)
     }
 }
 
+int launcher_std_bits(const rg_agent_params_t *p, bool tee, int local_rank)
+{
+    int v = tee ? p->tee : p->redirects;
+    const unsigned char *map = tee ? p->tee_map : p->redirects_map;
+    if (v >= 0) {
+        return v;
+    }
+    return local_rank >= 0 && local_rank < LAUNCHER_MAX_NPROC ? map[local_rank] : 0;
+}
+
+bool launcher_needs_log_dir(const rg_agent_params_t *p)
+{
+    for (int i = 0; i < p->nproc && i < LAUNCHER_MAX_NPROC; i++) {
+        if (launcher_std_bits(p, false, i) != 0 || launcher_std_bits(p, true, i) != 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* "3", or a per-local-rank map as torchrun takes it: "0:3,1:1" (the ranks not named get 0). */
+static void std_str(int v, const unsigned char *map, char *buf, size_t len)
+{
+    size_t o = 0;
+    if (v >= 0) {
+        snprintf(buf, len, "%d", v);
+        return;
+    }
+    buf[0] = '\0';
+    for (int i = 0; i < LAUNCHER_MAX_NPROC && o < len; i++) {
+        if (map[i] != 0) {
+            int n = snprintf(buf + o, len - o, "%s%d:%d", o ? "," : "", i, map[i]);
+            o += n > 0 ? (size_t)n : 0;
+        }
+    }
+}
+
 /* The value of f as a user would have written it. */
 static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf, size_t len)
 {
@@ -83,13 +121,16 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
         break;
     case RG_AGENT_NPROC: snprintf(buf, len, "%d", p->nproc); break;
     case RG_AGENT_MAX_RESTARTS: snprintf(buf, len, "%d", p->max_restarts); break;
-    case RG_AGENT_REDIRECTS: snprintf(buf, len, "%d", p->redirects); break;
-    case RG_AGENT_TEE: snprintf(buf, len, "%d", p->tee); break;
+    case RG_AGENT_REDIRECTS: std_str(p->redirects, p->redirects_map, buf, len); break;
+    case RG_AGENT_TEE: std_str(p->tee, p->tee_map, buf, len); break;
     case RG_AGENT_LEASE_TTL: snprintf(buf, len, "%lld", (long long)p->lease_ttl_s); break;
     case RG_AGENT_LAST_CALL:
     case RG_AGENT_JOIN_TIMEOUT:
     case RG_AGENT_MONITOR:
     case RG_AGENT_GRACE: snprintf(buf, len, "%g", (double)ms_of(p, f) / 1000); break;
+    case RG_AGENT_BACKEND:
+        snprintf(buf, len, "%s", p->backend == RG_AGENT_BACKEND_C10D ? "c10d" : "etcd");
+        break;
     case RG_AGENT_ENDPOINT: snprintf(buf, len, "%s", p->endpoint); break;
     case RG_AGENT_JOB: snprintf(buf, len, "%s", p->job); break;
     case RG_AGENT_ROLE: snprintf(buf, len, "%s", p->role); break;
@@ -208,13 +249,15 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     if (p->grace_ms < 0 || p->grace_ms > 3600000) {
         return BAD(RG_AGENT_GRACE, "expected seconds in 0..3600");
     }
-    if (p->redirects < 0 || p->redirects > 3) {
-        return BAD(RG_AGENT_REDIRECTS, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
-                                       "per-rank maps are not supported");
-    }
-    if (p->tee < 0 || p->tee > 3) {
-        return BAD(RG_AGENT_TEE, "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both); "
-                                 "per-rank maps are not supported");
+    for (int i = 0; i < LAUNCHER_MAX_NPROC; i++) {
+        if (p->redirects < -1 || p->redirects > 3 || p->redirects_map[i] > 3) {
+            return BAD(RG_AGENT_REDIRECTS, "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) "
+                                           "or a per-local-rank map such as 0:3,1:1");
+        }
+        if (p->tee < -1 || p->tee > 3 || p->tee_map[i] > 3) {
+            return BAD(RG_AGENT_TEE, "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) "
+                                     "or a per-local-rank map such as 0:3,1:1");
+        }
     }
     if (p->standalone) {
         if (p->endpoint[0] != '\0') {
@@ -227,9 +270,17 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
         }
     } else if (p->endpoint[0] == '\0') {
         return rg_error(RG_EINVAL, "--rdzv-endpoint is required (or --standalone for one node)");
-    }
-    if (p->log_dir[0] == '\0' && (p->redirects || p->tee)) {
-        return BAD(p->tee ? RG_AGENT_TEE : RG_AGENT_REDIRECTS, "needs --log-dir");
+    } else if (p->backend == RG_AGENT_BACKEND_C10D) {
+        char host[256];
+        int port;
+        const char *why;
+        if (!launcher_c10d_split(p->endpoint, host, sizeof(host), &port, &why)) {
+            return BAD(RG_AGENT_ENDPOINT, "%s", why);
+        }
+        if (p->cacert[0] != '\0' || p->cert[0] != '\0' || p->user[0] != '\0') {
+            return BAD(RG_AGENT_BACKEND, "serves a plain-http etcd without users; TLS and "
+                       "passwords need --rdzv-backend=etcd and an etcd of your own");
+        }
     }
     if ((p->cert[0] == '\0') != (p->key[0] == '\0')) {
         return BAD(p->cert[0] ? RG_AGENT_CERT : RG_AGENT_KEY, "cert and key go together");
@@ -258,6 +309,9 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
         const field_t *d = &fields[f];
         const char *from = p->from[f] ? p->from[f] : "default";
         char v[1100];
+        char host[256];
+        int port;
+        const char *why;
         if (!d->printed) {
             continue;
         }
@@ -265,13 +319,19 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
             snprintf(v, sizeof(v), "%.3f", (double)ms_of(p, (rg_agent_field_t)f) / 1000);
         } else if (f == RG_AGENT_NNODES) {
             snprintf(v, sizeof(v), "%d:%d", p->min_nodes, p->max_nodes);
-        } else if (f == RG_AGENT_ENDPOINT && p->standalone) {
+        } else if ((f == RG_AGENT_ENDPOINT || f == RG_AGENT_BACKEND) && p->standalone) {
             snprintf(v, sizeof(v), "(private etcd)");
+        } else if (f == RG_AGENT_ENDPOINT && p->backend == RG_AGENT_BACKEND_C10D &&
+                   launcher_c10d_split(p->endpoint, host, sizeof(host), &port, &why)) {
+            /* What the agents use: with c10d's default port when none is given. */
+            snprintf(v, sizeof(v), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
         } else {
             value_str(p, (rg_agent_field_t)f, v, sizeof(v));
         }
         if (v[0] == '\0' && f == RG_AGENT_LOG_DIR) {
-            snprintf(v, sizeof(v), "(none)");
+            /* The agent makes one (and keeps it) when some output goes to files. */
+            snprintf(v, sizeof(v), "%s",
+                     launcher_needs_log_dir(p) ? "(a new temporary directory)" : "(none)");
         } else if (v[0] == '\0' && f == RG_AGENT_LOCAL_ADDR) {
             snprintf(v, sizeof(v), "(auto)");
         }

@@ -144,11 +144,12 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     return RG_OK;
 }
 
-/* In the child, between fork and exec: async-signal-safe calls only. */
-static void child_exec(char **args, char **envp, int out_w, int err_w, pid_t agent,
+/* In the child, between fork and exec: async-signal-safe calls only. If exec fails, its errno
+ * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
+static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
                        const sigset_t *child_mask)
 {
-    static const char msg[] = "regroup: cannot run the worker program\n";
+    int e;
 
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -159,18 +160,45 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, pid_t age
     dup2(out_w, STDOUT_FILENO);
     dup2(err_w, STDERR_FILENO);
     execvpe(args[0], args, envp);
-    if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {
+    e = errno;
+    if (write(exec_w, &e, sizeof(e)) < 0) {
         _exit(127);
     }
     _exit(127);
 }
+
+/* Waits for worker pid's exec: 0 once it ran the program (or died before trying), else the
+ * errno of the failed exec, read from exec_r. */
+static int exec_result(int exec_r)
+{
+    int e = 0;
+    ssize_t n;
+    do {
+        n = read(exec_r, &e, sizeof(e));
+    } while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof(e) ? e : 0;
+}
+
+/* Closes both ends of the pipes given (ex may be NULL). */
+static void close_pipes(int out[2], int err[2], int ex[2])
+{
+    int *pipes[] = {out, err, ex};
+    for (size_t i = 0; i < RG_ARRAY_SIZE(pipes); i++) {
+        if (pipes[i] != NULL) {
+            close(pipes[i][0]);
+            close(pipes[i][1]);
+        }
+    }
+}
+
+static void worker_close(launcher_worker_t *w, const rg_agent_params_t *cfg);
 
 static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, const char *name)
 {
     char dir[1024];
     char path[1100];
     const rg_agent_params_t *cfg = sp->cfg;
-    snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", cfg->log_dir, cfg->job,
+    snprintf(dir, sizeof(dir), "%s/%s/round_%d/rank_%d", sp->log_dir, cfg->job,
              sp->asg->round, w->rank);
     /* mkdir -p, bounded by the path's depth */
     for (char *p = dir + 1; *p; p++) {
@@ -215,6 +243,7 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
         launcher_worker_t *w = &ws->w[i];
         int out[2];
         int err[2];
+        int ex[2];
 
         memset(w, 0, sizeof(*w));
         w->local_rank = i;
@@ -225,48 +254,64 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
                  sp->asg->round, i);
         unlink(w->error_file);
         if (pipe2(out, O_CLOEXEC) != 0) {
-            return rg_error(RG_ESYS, "pipe: %s", strerror(errno));
+            return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
         }
         if (pipe2(err, O_CLOEXEC) != 0) {
             close(out[0]);
             close(out[1]);
-            return rg_error(RG_ESYS, "pipe: %s", strerror(errno));
+            return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
         }
-        if (cfg->log_dir[0] != '\0') {
-            if ((cfg->redirects | cfg->tee) & 1) {
+        if (pipe2(ex, O_CLOEXEC) != 0) {
+            rg_status_t st = rg_error(RG_ESYS, "cannot start workers: pipe: %s",
+                                      strerror(errno));
+            close_pipes(out, err, NULL);
+            return st;
+        }
+        int to_files = launcher_std_bits(cfg, false, i) | launcher_std_bits(cfg, true, i);
+        if (sp->log_dir != NULL && sp->log_dir[0] != '\0') {
+            if (to_files & 1) {
                 w->out_log = open_log(sp, w, "stdout");
             }
-            if ((cfg->redirects | cfg->tee) & 2) {
+            if (to_files & 2) {
                 w->err_log = open_log(sp, w, "stderr");
             }
         }
         worker_env_t env;
         rg_status_t st = env_build(&env, sp, w);
         if (st != RG_OK) {
-            close(out[0]);
-            close(out[1]);
-            close(err[0]);
-            close(err[1]);
+            close_pipes(out, err, ex);
+            worker_close(w, cfg);   /* its logs */
             return st;
         }
         fflush(stdout);
         fflush(stderr);
         w->pid = fork();
         if (w->pid == 0) {
-            child_exec(args, env.envp, out[1], err[1], agent, child_mask);
+            child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask);
         }
         env_free(&env);
         if (w->pid < 0) {
-            close(out[0]);
-            close(out[1]);
-            close(err[0]);
-            close(err[1]);
-            return rg_error(RG_ESYS, "fork: %s", strerror(errno));
+            st = rg_error(RG_ESYS, "cannot start workers: fork: %s", strerror(errno));
+            close_pipes(out, err, ex);
+            worker_close(w, cfg);
+            return st;
         }
         /* Also from the parent: no window in which a signal to the group misses it. */
         setpgid(w->pid, w->pid);
         close(out[1]);
         close(err[1]);
+        close(ex[1]);
+        /* A program that cannot be executed is no worker failure to retry: every restart
+         * would meet it again. The job ends here, saying what and why. */
+        int exec_errno = exec_result(ex[0]);
+        close(ex[0]);
+        if (exec_errno != 0) {
+            waitpid(w->pid, NULL, 0);
+            close(out[0]);
+            close(err[0]);
+            worker_close(w, cfg);
+            return rg_error(RG_ESYS, "cannot run %s: %s", args[0], strerror(exec_errno));
+        }
         w->out_fd = out[0];
         w->err_fd = err[0];
         fcntl(w->out_fd, F_SETFL, O_NONBLOCK);
@@ -302,9 +347,9 @@ static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_
         fputc('\n', log);
         fflush(log);
     }
-    if (cfg->tee & bit) {
+    if (launcher_std_bits(cfg, true, w->local_rank) & bit) {
         fprintf(console, "[rank %d]: %.*s\n", w->rank, (int)len, line);
-    } else if (!(cfg->redirects & bit)) {
+    } else if (!(launcher_std_bits(cfg, false, w->local_rank) & bit)) {
         fprintf(console, "%.*s\n", (int)len, line);
     }
 }

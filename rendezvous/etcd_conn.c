@@ -12,6 +12,11 @@
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
+/* Set once any connection of this process got an answer from etcd: from then on a host name
+ * that does not resolve is a resolver's hiccup to wait out, not a wrong name. Process-wide,
+ * since a lease keeper or a watch opens its connection after the first calls succeeded. */
+static bool etcd_answered;
+
 static void curl_global_once(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -267,6 +272,7 @@ static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, cons
     CURLcode rc;
     rg_status_t st;
 
+    conn->last_rc = CURLE_OK;
     if (left <= 0) {
         return rg_error(RG_ETIMEDOUT, "etcd %s: %s: deadline passed before the request",
                         conn->urls[i], path);
@@ -285,11 +291,13 @@ static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, cons
     curl_easy_setopt(conn->easy, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)RG_MIN(left, (int64_t)ETCD_CONNECT_TIMEOUT_MS));
     rc = curl_easy_perform(conn->easy);
+    conn->last_rc = rc;
     curl_slist_free_all(headers);
     curl_easy_setopt(conn->easy, CURLOPT_HTTPHEADER, NULL);
     if (rc != CURLE_OK) {
         return status_from_curl(conn, i, path, rc, deadline);
     }
+    __atomic_store_n(&etcd_answered, true, __ATOMIC_RELAXED);
     curl_easy_getinfo(conn->easy, CURLINFO_RESPONSE_CODE, http_p);
     return RG_OK;
 }
@@ -340,6 +348,34 @@ rg_status_t etcd_conn_ensure_auth(etcd_conn_t *conn, size_t i, rg_deadline_t dea
     return authenticate(conn, i, deadline);
 }
 
+/* Every endpoint's host name failed to resolve, and etcd has never answered this process: a
+ * typo or a wrong name, which waiting will not fix, so not one of the statuses callers retry.
+ * (libcurl says CURLE_COULDNT_RESOLVE_HOST for a name that does not exist and for a resolver
+ * that does not answer alike; the resolve is bounded by the connect timeout.) */
+static rg_status_t no_host_resolves(const etcd_conn_t *conn)
+{
+    char list[1024] = "";
+    size_t o = 0;
+
+    for (size_t i = 0; i < conn->n_urls && o < sizeof(list); i++) {
+        CURLU *u = curl_url();
+        char *host = NULL;
+        if (u != NULL && curl_url_set(u, CURLUPART_URL, conn->urls[i], 0) == CURLUE_OK) {
+            curl_url_get(u, CURLUPART_HOST, &host, 0);
+        }
+        int n = snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "",
+                         host ? host : conn->urls[i]);
+        o += n > 0 ? (size_t)n : 0;
+        curl_free(host);
+        curl_url_cleanup(u);
+    }
+    if (conn->n_urls == 1) {
+        return rg_error(RG_EINVAL, "etcd %s: the host name %s does not resolve", conn->urls[0],
+                        list);
+    }
+    return rg_error(RG_EINVAL, "etcd: none of the endpoints' host names resolves (%s)", list);
+}
+
 /* Statuses after which the same request may succeed on another endpoint. */
 static bool try_next_endpoint(rg_status_t st)
 {
@@ -354,6 +390,7 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
     bool reauthed = false;
     /* Each endpoint twice at most: a full round of failover, then one more try each. */
     size_t attempts = 2 * conn->n_urls;
+    uint32_t unresolved = 0;   /* endpoints whose host name did not resolve */
 
     if (text == NULL) {
         return rg_error(RG_ENOMEM, "etcd: serialising request for %s", path);
@@ -397,6 +434,13 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
         }
         if (!try_next_endpoint(st)) {
             break;
+        }
+        if (conn->last_rc == CURLE_COULDNT_RESOLVE_HOST) {
+            unresolved |= 1u << i;
+            if (!__atomic_load_n(&etcd_answered, __ATOMIC_RELAXED) && unresolved == (1u << conn->n_urls) - 1) {
+                st = no_host_resolves(conn);
+                break;
+            }
         }
         rg_debug("etcd %s: %s failed (%s), trying the next endpoint", conn->urls[i], path,
                  rg_last_error());

@@ -45,6 +45,7 @@ typedef struct {
     CURL   *easy;
     rg_dbuf_t resp;
     char    errbuf[CURL_ERROR_SIZE];
+    CURLcode last_rc;             /* of the last request's transfer */
 } etcd_conn_t;
 
 rg_status_t etcd_conn_init(etcd_conn_t *conn, const rg_etcd_params_t *params);

@@ -1,6 +1,7 @@
 /*
- * etcd servers that regroup starts itself: the private etcd of `regroup --standalone`, and
- * the real servers of the tests, benches and the chaos runner, on free loopback ports.
+ * etcd servers that regroup starts itself: the private etcd of `regroup --standalone`, the
+ * rendezvous a `--rdzv-backend=c10d` agent serves on its endpoint's address and port, and the
+ * real servers of the tests, benches and the chaos runner, on free loopback ports.
  *
  * rg_etcd_server_start_with() is the one way to start them: one member or a cluster, plain
  * http or TLS for clients, optionally with auth enabled, in a fresh temporary data dir under
@@ -28,6 +29,9 @@ typedef struct {
     const char *also_host;     /* serve clients on this address too (see endpoints_also) */
     const char *root_password; /* add user root with this password and enable auth (plain
                                   http only); NULL for no auth */
+    const char *client_addr;   /* one member only: serve clients on this numeric address */
+    int         client_port;   /* and port, instead of a free loopback port (0: free port
+                                  on 127.0.0.1); a taken port fails the start */
 } rg_etcd_server_params_t;
 
 typedef struct {
@@ -37,6 +41,7 @@ typedef struct {
     int   peer_port[RG_ETCD_SERVER_MAX];
     int   metrics_port[RG_ETCD_SERVER_MAX]; /* plain http: /health, whatever the client side */
     char  name[RG_ETCD_SERVER_MAX][32];
+    char  client_addr[64];            /* where clients connect: "127.0.0.1" unless given */
     char  root[256];                  /* temp dir holding every member's data dir and log */
     char  endpoints[512];             /* "http://127.0.0.1:P1,http://127.0.0.1:P2,..." */
     char  url[RG_ETCD_SERVER_MAX][64];  /* each member's client URL */
@@ -65,6 +70,9 @@ int rg_etcd_server_start(rg_etcd_server_t *e, const char *extra_flags);
  * probe stay on loopback. */
 int rg_etcd_server_cluster_start_at(rg_etcd_server_t *e, int n, const char *extra_flags,
                                     const char *also_host);
+/* The number of leases the server holds (asked over plain http on member 0's client URL,
+ * timeout_ms at most), or -1 if it does not answer. The agents of a job hold one each. */
+int rg_etcd_server_lease_count(const rg_etcd_server_t *e, int timeout_ms);
 /* Kills member i with signal sig and reaps it (SIGKILL after a deadline). */
 void rg_etcd_server_kill(rg_etcd_server_t *e, int i, int sig);
 /* Restarts member i on the same data dir and ports; waits until it is healthy. */

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -378,6 +379,217 @@ START_TEST(test_log_dir_tee_and_redirects)
 }
 END_TEST
 
+static int run_cmd(const char *args, char *out, size_t len);
+
+/* --tee without --log-dir, as torchrun takes it: a temporary log directory, said once and
+ * kept after the job. */
+START_TEST(test_tee_without_log_dir)
+{
+    char line[1024];
+    char logdir[512] = "";
+    char path[700];
+    int said = 0;
+    stop_workers();
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", "--tee=3", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 1]: rank 1 done"));
+    FILE *f = fopen(agent_log(0), "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "--tee=3 without --log-dir: the workers' logs go to ");
+        if (p != NULL) {
+            said++;
+            ck_assert_int_eq(sscanf(strstr(p, " go to ") + 7, "%511s", logdir), 1);
+        }
+    }
+    fclose(f);
+    ck_assert_int_eq(said, 1);
+    ck_assert(log_contains(0, "(kept after the job)"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 1 done"), "%s", path);
+    test_rmtree(logdir);
+}
+END_TEST
+
+/* torchrun's per-local-rank maps: -r 1:1 sends only local rank 1's stdout to its file,
+ * --tee 0:3 tees only local rank 0's. */
+START_TEST(test_per_rank_redirects_and_tee)
+{
+    char logdir[300];
+    char arg[320];
+    char path[512];
+    char out[4096];
+    stop_workers();
+    snprintf(logdir, sizeof(logdir), "%s/logs", dir);
+    snprintf(arg, sizeof(arg), "--log-dir=%s", logdir);
+    pid_t pid = start_agent(0, "--standalone", "--nproc-per-node=2", arg, "--tee", "0:3", "-r",
+                            "1:1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 20000), 0);
+    ck_assert(log_contains(0, "[rank 0]: rank 0 done"));
+    ck_assert(!log_contains(0, "rank 1 done"));
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_0/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 0 done"), "%s", path);
+    snprintf(path, sizeof(path), "%s/none/round_0/rank_1/stdout.log", logdir);
+    ck_assert_msg(test_file_contains(path, "rank 1 done"), "%s", path);
+    /* --print-config shows the maps as given. */
+    ck_assert_int_eq(run_cmd("--print-config --standalone --tee=0:3,1:1 -r 1:2", out,
+                             sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "tee                  0:3,1:1 ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "redirects            1:2 ") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "(a new temporary directory)") != NULL, "%s", out);
+}
+END_TEST
+
+/* A program that cannot be executed ends the job at once, named with the reason, without
+ * burning restarts or printing a table of worker failures. */
+START_TEST(test_program_that_cannot_run)
+{
+    char out[4096];
+    char cmd[600];
+    char path[300];
+    uint64_t t0 = rg_now_ns();
+    int rc = run_cmd("--standalone --nproc-per-node=2 --max-restarts=3 /nonexistent/program",
+                     out, sizeof(out));
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "regroup: cannot run /nonexistent/program: No such file or "
+                              "directory\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "failed") == NULL && strstr(out, "restart") == NULL, "%s", out);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    /* Found but not executable: the reason is exec's. */
+    snprintf(path, sizeof(path), "%s/not-executable", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "--standalone --max-restarts=3 %s", path);
+    ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 1);
+    ck_assert_msg(strstr(out, ": Permission denied\n") != NULL && strstr(out, path) != NULL,
+                  "%s", out);
+}
+END_TEST
+
+/* The pid of a process (not this one) whose command line has text in an argument, or 0. */
+static pid_t process_with_arg(const char *text)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    pid_t found = 0;
+    ck_assert_ptr_nonnull(d);
+    while (found == 0 && (de = readdir(d)) != NULL) {
+        char path[300];
+        char cmd[8192];
+        int pid = atoi(de->d_name);
+        if (pid <= 0 || pid == (int)getpid()) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue;
+        }
+        size_t n = fread(cmd, 1, sizeof(cmd) - 1, f);
+        fclose(f);
+        cmd[n] = '\0';
+        for (size_t o = 0; o < n && found == 0; o += strlen(cmd + o) + 1) {
+            if (strstr(cmd + o, text) != NULL) {
+                found = pid;
+            }
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* torchrun's multi-node command line: --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT. The agent
+ * on the endpoint's host serves the rendezvous (an etcd on that port), says that it is a
+ * single point of failure, and stops it when the job is over; the other only connects. */
+START_TEST(test_c10d_agent_serves_the_rendezvous)
+{
+    static start_t s[16];
+    char addr[64];
+    char ep[80];
+    char line[1024];
+    int serving = -1;
+    int etcd_pid = 0;
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", rg_free_port());
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", addr);
+    stop_workers();   /* the workers finish at once */
+    pid_t a0 = start_agent(0, "--rdzv-backend=c10d", ep, "--nnodes=2", "--nproc-per-node=1",
+                           NULL);
+    pid_t a1 = start_agent(1, "--rdzv-backend", "c10d", ep, "--nnodes=2", "--nproc-per-node=1",
+                           NULL);
+    ck_assert_int_eq(wait_exit(a0, 60000), 0);
+    ck_assert_int_eq(wait_exit(a1, 60000), 0);
+    ck_assert_int_eq(read_starts(s, 16), 2);
+    ck_assert_int_eq(s[0].world, 2);
+    ck_assert_int_eq(s[1].world, 2);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(agent_log(i), "r");
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f) != NULL) {
+            const char *p = strstr(line, "this agent serves the rendezvous at http://");
+            if (p != NULL) {
+                ck_assert_msg(serving < 0, "both agents serve: %s", line);
+                serving = i;
+                ck_assert_ptr_nonnull(strstr(p, addr));
+                ck_assert_int_eq(sscanf(strstr(p, "(a single-member etcd, pid "),
+                                        "(a single-member etcd, pid %d)", &etcd_pid), 1);
+                ck_assert_ptr_nonnull(strstr(p, "single point of failure"));
+                ck_assert_ptr_nonnull(strstr(p, "--rdzv-backend=etcd"));
+            }
+        }
+        fclose(f);
+    }
+    ck_assert_int_ge(serving, 0);
+    ck_assert_int_gt(etcd_pid, 0);
+    ck_assert_msg(test_pid_gone(etcd_pid, 5000), "etcd pid %d still runs", etcd_pid);
+    ck_assert(test_pid_gone(s[0].pid, 5000) && test_pid_gone(s[1].pid, 5000));
+    /* Nothing is left that was started for the endpoint (the etcd of an agent that lost the
+     * race to serve it included). */
+    pid_t left = process_with_arg(addr);
+    ck_assert_msg(left == 0, "pid %d still runs with %s", (int)left, addr);
+    /* --print-config says so. */
+    char out[4096];
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "--print-config --rdzv-backend=c10d %s", ep);
+    ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "rdzv_backend         c10d ") != NULL, "%s", out);
+    ck_assert_int_eq(run_cmd("--print-config --rdzv-backend=c10d --rdzv-endpoint=node1", out,
+                             sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "rdzv_endpoint        node1:29400 ") != NULL, "%s", out);
+}
+END_TEST
+
+/* The serving agent whose own workers are done keeps the rendezvous up until the other agent
+ * has left, then stops it. */
+START_TEST(test_c10d_serving_agent_waits_for_the_others)
+{
+    static start_t s[16];
+    char ep[80];
+    char dir1[300];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=127.0.0.1:%d", rg_free_port());
+    stop_workers();   /* agent 0's worker finishes at once; agent 1's waits for dir1/stop */
+    pid_t a0 = start_agent(0, "--rdzv-backend=c10d", ep, "--nnodes=2", NULL);
+    test_wait_file_contains(agent_log(0), "this agent serves the rendezvous", 20000);
+    snprintf(dir1, sizeof(dir1), "%s/node1", dir);
+    ck_assert_int_eq(mkdir(dir1, 0755), 0);
+    setenv("RG_TEST_DIR", dir1, 1);
+    pid_t a1 = start_agent(1, "--rdzv-backend=c10d", ep, "--nnodes=2", NULL);
+    setenv("RG_TEST_DIR", dir, 1);
+    test_wait_file_contains(agent_log(0), "waiting up to 300 s for the other agents (1)", 20000);
+    TEST_HOLD_FOR(kill(a0, 0) == 0 && waitpid(a0, NULL, WNOHANG) == 0, 1000,
+                  "the serving agent ended while the other was in the job");
+    snprintf(path, sizeof(path), "%s/stop", dir1);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(wait_exit(a1, 20000), 0);
+    ck_assert_int_eq(wait_exit(a0, 20000), 0);
+    ck_assert_int_eq(read_starts(s, 16), 1);
+    ck_assert(!log_contains(1, "unreachable"));
+}
+END_TEST
+
 static int run_bad(const char *a1, const char *a2, const char *expect)
 {
     char out[2048] = "";
@@ -397,10 +609,19 @@ START_TEST(test_bad_options)
     ck_assert_int_eq(run_bad("--standalone", "--rdzv-endpoint=127.0.0.1:1", "--standalone"), 2);
     ck_assert_int_eq(run_bad("--rdzv-conf=nope=1", "--standalone", "nope"), 2);
     ck_assert_int_eq(run_bad("--max-restarts=-1", "--standalone", "--max-restarts"), 2);
-    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--standalone", "--rdzv-backend"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=zeus", "--standalone", "--rdzv-backend=zeus"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=static", "--rdzv-endpoint=127.0.0.1:1",
+                             "with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"), 2);
+    ck_assert_int_eq(run_bad("--master-addr=10.0.0.1", "--standalone",
+                             "with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--rdzv-endpoint=a:1,b:2",
+                             "--rdzv-backend=c10d takes one HOST[:PORT]"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-backend=c10d", "--rdzv-endpoint=a:0",
+                             "expected a port from 1 to 65535"), 2);
     ck_assert_int_eq(run_bad("--nnodes=2", NULL, "--rdzv-endpoint is required"), 2);
     ck_assert_int_eq(run_bad("--standalone", "--nnodes=2", "--standalone"), 2);
-    ck_assert_int_eq(run_bad("--tee=3", "--standalone", "--log-dir"), 2);
+    ck_assert_int_eq(run_bad("--tee=0:4", "--standalone", "--tee=0:4: expected 0 (none)"), 2);
+    ck_assert_int_eq(run_bad("-r", "0:1,", "--redirects=0:1,: expected"), 2);
 }
 END_TEST
 
@@ -475,6 +696,35 @@ START_TEST(test_etcd_unreachable)
 }
 END_TEST
 
+/* A host name that does not resolve (RFC 2606's .invalid never does, and asks nothing of the
+ * network beyond the local resolver) is said at once, not waited out to the join deadline;
+ * with several endpoints the agent fails over, and fails at once only when none resolves. */
+START_TEST(test_endpoint_that_does_not_resolve)
+{
+    char eps[700];
+    uint64_t t0 = rg_now_ns();
+    pid_t pid = start_agent(0, "--rdzv-endpoint=not-a-host.invalid:2379",
+                            "--rdzv-conf=join_timeout=60", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 5000000000ull);
+    ck_assert(log_contains(0, "the host name not-a-host.invalid does not resolve"));
+    ck_assert(!log_contains(0, "deadline"));
+
+    pid = start_agent(1, "--rdzv-endpoint=a.invalid:2379,http://b.invalid:2379",
+                      "--rdzv-conf=join_timeout=60", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    ck_assert(log_contains(1, "none of the endpoints' host names resolves (a.invalid, "
+                              "b.invalid)"));
+
+    /* One that resolves among them: the job runs on it. */
+    snprintf(eps, sizeof(eps), "not-a-host.invalid:2379,%s", etcd.srv.endpoints);
+    stop_workers();
+    pid = start_agent(2, "--rdzv-endpoint", eps, "--rdzv-id", "job1", NULL);
+    ck_assert_int_eq(wait_exit(pid, 30000), 0);
+}
+END_TEST
+
 START_TEST(test_etcd_member_loss)
 {
     test_etcd_t cluster;
@@ -509,6 +759,7 @@ int main(void)
     tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
+    tcase_add_test(tc, test_endpoint_that_does_not_resolve);
     suite_add_tcase(s, tc);
     TCase *tc2 = tcase_create("standalone");
     tcase_set_timeout(tc2, 120);
@@ -518,6 +769,11 @@ int main(void)
     tcase_add_test(tc2, test_print_config_sources);
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
+    tcase_add_test(tc2, test_tee_without_log_dir);
+    tcase_add_test(tc2, test_program_that_cannot_run);
+    tcase_add_test(tc2, test_c10d_agent_serves_the_rendezvous);
+    tcase_add_test(tc2, test_c10d_serving_agent_waits_for_the_others);
+    tcase_add_test(tc2, test_per_rank_redirects_and_tee);
     tcase_add_test(tc2, test_etcd_unreachable);
     tcase_add_test(tc2, test_etcd_member_loss);
     suite_add_tcase(s, tc2);
