@@ -183,5 +183,10 @@ rg_status_t rg_rdzv_done(rg_rdzv_t *z)
     if (st != RG_OK) {
         return st;
     }
-    return rg_etcd_put_str(z->etcd, key, RDZV_DONE_VALUE, 0, 0, NULL);
+    char rec[64];
+    st = rdzv_rec_done_encode(rg_wall_s(), rec, sizeof(rec));
+    if (st != RG_OK) {
+        return st;
+    }
+    return rg_etcd_put_str(z->etcd, key, rec, 0, 0, NULL);
 }

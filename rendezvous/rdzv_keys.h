@@ -30,7 +30,7 @@
 #define RDZV_PROGRESS_METRICS 32          /* RG_TRAIN_MAX_METRICS */
 #define RDZV_METRIC_NAME_MAX  64
 #define RDZV_ROUND_MAX        1000000000  /* a `round` value above this is refused */
-#define RDZV_DONE_VALUE       "1"         /* the value of rounds/<r>/done/<agent> */
+#define RDZV_DONE_VALUE       "1"         /* rounds/<r>/done/<agent> before it held a time */
 
 /* ---- keys -------------------------------------------------------------------------------- */
 
@@ -110,6 +110,12 @@ rg_status_t rdzv_rec_round_decode(const char *v, size_t len, int64_t *r) RG_NODI
 rg_status_t rdzv_rec_ckpt_latest_encode(int64_t step, char *buf, size_t cap) RG_NODISCARD;
 rg_status_t rdzv_rec_ckpt_latest_decode(const char *v, size_t len, int64_t *step) RG_NODISCARD;
 
+/* rounds/<r>/done/<agent>: {"time"} (wall seconds when the agent's workers had all exited 0).
+ * The decoder also takes RDZV_DONE_VALUE, what older agents wrote, and then sets *time to -1
+ * (not recorded). */
+rg_status_t rdzv_rec_done_encode(double time, char *buf, size_t cap) RG_NODISCARD;
+rg_status_t rdzv_rec_done_decode(const char *v, size_t len, double *time) RG_NODISCARD;
+
 /* rounds/<r>/nodes/<agent>: {"agent","addr","nproc","port","prev_round","prev_rank"}.
  * create_rev is the key's create revision (not in the value): the decoder sets it to 0. */
 typedef struct {
@@ -135,11 +141,14 @@ rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t 
  * "master_addr","master_port","time"}. The encoder writes a's members, restart_count,
  * job_failed, master_addr and master_port, and time (wall seconds). The decoder fills
  * members, n_members, group_world, world_size, restart_count, job_failed, master_addr and
- * master_port, sets round to r and group_rank to -1 (see rdzv_assignment_locate). */
+ * master_port, sets round to r and group_rank to -1 (see rdzv_assignment_locate).
+ * rdzv_rec_closed_time reads the record's time alone: -1 when it has none (RG_EPROTO if the
+ * value is not a JSON object). */
 rg_status_t rdzv_rec_closed_encode(const rg_rdzv_assignment_t *a, double time, char **text_p)
     RG_NODISCARD;
 rg_status_t rdzv_rec_closed_decode(const char *v, size_t len, int64_t r,
                                    rg_rdzv_assignment_t *a) RG_NODISCARD;
+rg_status_t rdzv_rec_closed_time(const char *v, size_t len, double *time) RG_NODISCARD;
 /* The index of agent among a's members, or -1. */
 int rdzv_assignment_find(const rg_rdzv_assignment_t *a, const char *agent);
 /* The index of the member whose agent runs as pid (on host, or any host if NULL), or -1. */

@@ -262,6 +262,55 @@ rg_status_t rdzv_rec_closed_decode(const char *v, size_t len, int64_t r,
     return RG_OK;
 }
 
+rg_status_t rdzv_rec_closed_time(const char *v, size_t len, double *time)
+{
+    json_t *j = load("closed", v, len);
+    double t = -1;
+    if (j == NULL) {
+        return RG_EPROTO;
+    }
+    if (!get_real(j, "time", &t) || !(t >= 0)) {
+        t = -1;
+    }
+    json_decref(j);
+    *time = t;
+    return RG_OK;
+}
+
+/* ---- done record ----------------------------------------------------------------------- */
+
+rg_status_t rdzv_rec_done_encode(double time, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "{\"time\":%.3f}", time);
+    if (n < 0 || (size_t)n >= cap) {
+        return rg_error(RG_EINVAL, "done record: buffer of %zu bytes", cap);
+    }
+    return RG_OK;
+}
+
+rg_status_t rdzv_rec_done_decode(const char *v, size_t len, double *time)
+{
+    json_t *j;
+    double t;
+    bool ok;
+
+    if (v != NULL && len == strlen(RDZV_DONE_VALUE) && memcmp(v, RDZV_DONE_VALUE, len) == 0) {
+        *time = -1;   /* an older agent's: no time recorded */
+        return RG_OK;
+    }
+    j = load("done", v, len);
+    if (j == NULL) {
+        return RG_EPROTO;
+    }
+    ok = get_real(j, "time", &t) && t >= 0;
+    json_decref(j);
+    if (!ok) {
+        return rg_error(RG_EPROTO, "done record has no time in wall seconds");
+    }
+    *time = t;
+    return RG_OK;
+}
+
 int rdzv_assignment_find(const rg_rdzv_assignment_t *a, const char *agent)
 {
     for (int i = 0; i < a->n_members; i++) {

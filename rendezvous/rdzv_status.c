@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void print_progress(rg_etcd_t *c, const rdzv_keys_t *keys, FILE *out)
 {
@@ -28,7 +29,108 @@ static void print_progress(rg_etcd_t *c, const rdzv_keys_t *keys, FILE *out)
     rg_etcd_range_cleanup(&r);
 }
 
-/* The newest closed round from `round` back: its members and ranks. */
+/* "2026-12-01 09:50:01 UTC", or "(time not recorded)" for a negative t. */
+static void time_str(double t, char *buf, size_t cap)
+{
+    time_t secs = (time_t)t;
+    struct tm tm;
+    if (t < 0 || gmtime_r(&secs, &tm) == NULL ||
+        strftime(buf, cap, "%Y-%m-%d %H:%M:%S UTC", &tm) == 0) {
+        snprintf(buf, cap, "(time not recorded)");
+    }
+}
+
+/* The latest time among the done/ records of round r's members: true if every member has
+ * one (*t is -1 if none of them recorded a time). */
+static bool all_done(rg_etcd_t *c, const rdzv_keys_t *keys, const rg_rdzv_assignment_t *a,
+                     double *t)
+{
+    char prefix[RDZV_KEY_MAX];
+    char key[RDZV_KEY_MAX];
+    rg_etcd_range_t r;
+    rg_etcd_range_req_t rq = {.key = prefix, .prefix = true};
+    bool all = true;
+
+    *t = -1;
+    if (rdzv_keys_done_prefix(keys, a->round, prefix, sizeof(prefix)) != RG_OK ||
+        rg_etcd_range(c, &rq, 0, &r) != RG_OK) {
+        return false;
+    }
+    for (int i = 0; i < a->n_members && all; i++) {
+        bool found = false;
+        if (rdzv_keys_done(keys, a->round, a->members[i].agent, key, sizeof(key)) != RG_OK) {
+            all = false;
+            break;
+        }
+        for (size_t k = 0; k < r.n_kvs && !found; k++) {
+            double dt;
+            if (strcmp(r.kvs[k].key, key) == 0) {
+                found = true;
+                if (rdzv_rec_done_decode(r.kvs[k].value, r.kvs[k].value_len, &dt) == RG_OK &&
+                    dt > *t) {
+                    *t = dt;
+                }
+            }
+        }
+        all = found;
+    }
+    rg_etcd_range_cleanup(&r);
+    return all;
+}
+
+/* The latest failures/ record's time, or -1. */
+static double last_failure_time(rg_etcd_t *c, const rdzv_keys_t *keys)
+{
+    char prefix[RDZV_KEY_MAX];
+    rg_etcd_range_t r;
+    rg_etcd_range_req_t rq = {.key = prefix, .prefix = true};
+    double t = -1;
+
+    if (rdzv_keys_failures_prefix(keys, prefix, sizeof(prefix)) != RG_OK ||
+        rg_etcd_range(c, &rq, 0, &r) != RG_OK) {
+        return -1;
+    }
+    for (size_t k = 0; k < r.n_kvs; k++) {
+        rdzv_failure_rec_t f = {0};
+        if (rdzv_rec_failure_decode(r.kvs[k].value, r.kvs[k].value_len, &f) == RG_OK &&
+            f.time > t) {
+            t = f.time;
+        }
+        rdzv_rec_failure_cleanup(&f);
+    }
+    rg_etcd_range_cleanup(&r);
+    return t;
+}
+
+/* The state line: running, regrouping, done (every member of the newest closed round wrote
+ * its done/ key) or failed (that round's record says so), with when for the last two. True
+ * if the job is over. */
+static bool print_state(rg_etcd_t *c, const rdzv_keys_t *keys, const rg_rdzv_assignment_t *a,
+                        int64_t round, const char *closed, size_t closed_len, FILE *out)
+{
+    char when[64];
+    double t;
+
+    if (a->job_failed) {
+        t = last_failure_time(c, keys);
+        if (t < 0 && rdzv_rec_closed_time(closed, closed_len, &t) != RG_OK) {
+            t = -1;
+        }
+        time_str(t, when, sizeof(when));
+        fprintf(out, "state:   failed at %s (workers failed more than --max-restarts=%d "
+                "times)\n", when, a->restart_count - 1);
+        return true;
+    }
+    if (a->round == round && all_done(c, keys, a, &t)) {
+        time_str(t, when, sizeof(when));
+        fprintf(out, "state:   done at %s (every node's workers exited 0)\n", when);
+        return true;
+    }
+    fprintf(out, "state:   %s\n", a->round == round ? "running" : "regrouping");
+    return false;
+}
+
+/* The newest closed round from `round` back: its state, members and ranks. */
 static void print_members(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, FILE *out)
 {
     char key[RDZV_KEY_MAX];
@@ -45,16 +147,16 @@ static void print_members(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, 
             continue;
         }
         rg_status_t st = rdzv_rec_closed_decode(v, len, r, a);
-        free(v);
         if (st != RG_OK) {
+            free(v);
             fprintf(out, "state:   unknown (%s)\n", rg_last_error());
             break;
         }
-        fprintf(out, "state:   %s\n", a->job_failed ? "failed"
-                                      : r == round ? "running" : "regrouping");
-        fprintf(out, "running round %lld: %d nodes, world size %d, restarts %d, master %s:%d\n",
-                (long long)r, a->n_members, a->world_size, a->restart_count,
-                a->master_addr[0] ? a->master_addr : "?", a->master_port);
+        bool over = print_state(c, keys, a, round, v, len, out);
+        free(v);
+        fprintf(out, "%s round %lld: %d nodes, world size %d, restarts %d, master %s:%d\n",
+                r == round && !over ? "running" : "last", (long long)r, a->n_members, a->world_size,
+                a->restart_count, a->master_addr[0] ? a->master_addr : "?", a->master_port);
         fprintf(out, "members:\n  %-10s %-8s %-20s %s\n", "node rank", "ranks", "host", "agent");
         int offset = 0;
         for (int i = 0; i < a->n_members; i++) {

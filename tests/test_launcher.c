@@ -282,6 +282,28 @@ START_TEST(test_waiting_node_ends_with_the_job)
 }
 END_TEST
 
+/* `regroup status` of a job whose workers all exited 0 says it is done, and when. */
+START_TEST(test_status_of_a_finished_job)
+{
+    char ep[600];
+    char out[4096];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    start_agent(0, EP, "--nproc-per-node=2", NULL);
+    wait_starts(0, 2, 2, 0, 20000);
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=job1", NULL}, out,
+                                 sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "state:   running\n") != NULL, "status says: %s", out);
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 0);
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=job1", NULL}, out,
+                                 sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "state:   done at 20") != NULL &&
+                  strstr(out, " UTC (every node's workers exited 0)") != NULL &&
+                  strstr(out, "last round 0: 1 nodes, world size 2") != NULL,
+                  "status says: %s", out);
+}
+END_TEST
+
 START_TEST(test_worker_kill_restarts_then_fails)
 {
     static start_t s[64];
@@ -297,6 +319,15 @@ START_TEST(test_worker_kill_restarts_then_fails)
     ck_assert_int_eq(wait_exit(agents[0], 20000), 1);
     ck_assert(log_contains(0, "failed more than --max-restarts=1"));
     ck_assert(log_contains(0, "SIGKILL"));
+    /* `regroup status` says it failed, and when. */
+    char ep[600];
+    char out[4096];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=job1", NULL}, out,
+                                 sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "state:   failed at 20") != NULL &&
+                  strstr(out, "UTC (workers failed more than --max-restarts=1 times)") != NULL,
+                  "status says: %s", out);
 }
 END_TEST
 
@@ -756,6 +787,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_resize_on_node_loss_and_return);
     tcase_add_test(tc, test_worker_kill_restarts_then_fails);
+    tcase_add_test(tc, test_status_of_a_finished_job);
     tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);

@@ -257,6 +257,25 @@ static rg_rdzv_assignment_t *three_members(void)
     return a;
 }
 
+/* done/ records carry the time the node finished; the older "1" still decodes. */
+START_TEST(test_done_record)
+{
+    char buf[64];
+    double t = 0;
+
+    CK_OK(rdzv_rec_done_encode(1764580000.25, buf, sizeof(buf)));
+    ck_assert_str_eq(buf, "{\"time\":1764580000.250}");
+    CK_OK(rdzv_rec_done_decode(buf, strlen(buf), &t));
+    ck_assert(t == 1764580000.25);
+    CK_OK(rdzv_rec_done_decode("1", 1, &t));
+    ck_assert(t == -1);
+    ck_assert_int_eq(rdzv_rec_done_decode("2", 1, &t), RG_EPROTO);
+    ck_assert_int_eq(rdzv_rec_done_decode("{}", 2, &t), RG_EPROTO);
+    ck_assert_int_eq(rdzv_rec_done_decode("{\"time\":-3}", 11, &t), RG_EPROTO);
+    ck_assert_int_eq(rdzv_rec_done_encode(1.0, buf, 8), RG_EINVAL);
+}
+END_TEST
+
 START_TEST(test_closed_record)
 {
     rg_rdzv_assignment_t *a = three_members();
@@ -265,6 +284,11 @@ START_TEST(test_closed_record)
 
     CK_OK(rdzv_rec_closed_encode(a, 1764580000.5, &text));
     CK_OK(rdzv_rec_closed_decode(text, strlen(text), 9, d));
+    double t = 0;
+    CK_OK(rdzv_rec_closed_time(text, strlen(text), &t));
+    ck_assert(t == 1764580000.5);
+    CK_OK(rdzv_rec_closed_time("{}", 2, &t));
+    ck_assert(t == -1);
     ck_assert_int_eq(d->round, 9);
     ck_assert_int_eq(d->group_rank, -1);
     ck_assert_int_eq(d->n_members, 3);
@@ -543,6 +567,7 @@ static Suite *rdzv_keys_suite(void)
     tcase_add_test(tr, test_node_record);
     tcase_add_test(tr, test_waiting_record);
     tcase_add_test(tr, test_closed_record);
+    tcase_add_test(tr, test_done_record);
     tcase_add_test(tr, test_failure_record);
     tcase_add_test(tr, test_progress_record);
     tcase_add_test(tr, test_restored_record);
