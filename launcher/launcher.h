@@ -30,6 +30,7 @@
 
 #include <regroup/rdzv.h>
 
+#include <sched.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -41,6 +42,7 @@ typedef enum {
     RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
     RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
     RG_AGENT_MONITOR, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
+    RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA,
     RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
     RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
@@ -52,6 +54,15 @@ typedef enum {
     RG_AGENT_BACKEND_C10D,          /* torchrun's c10d: the agent on the endpoint's host serves
                                      * it, as a single-member etcd on the endpoint's port */
 } rg_agent_backend_t;
+
+/* --numa-binding: torchrun's values; none by default, as in torchrun. */
+typedef enum {
+    RG_AGENT_NUMA_NONE,
+    RG_AGENT_NUMA_NODE,             /* the whole NUMA node of the local rank */
+    RG_AGENT_NUMA_SOCKET,           /* the whole socket of that node */
+    RG_AGENT_NUMA_EXCLUSIVE,        /* disjoint whole cores of that node, per local rank */
+    RG_AGENT_NUMA_CORE_COMPLEX,     /* one L3 cache group of that node */
+} rg_agent_numa_t;
 
 #define RG_AGENT_C10D_PORT 29400    /* torchrun's default port of a c10d endpoint */
 
@@ -84,6 +95,10 @@ typedef struct {
     int         tee;                /* same bits: to files and the console; -1: tee_map */
     unsigned char redirects_map[LAUNCHER_MAX_NPROC]; /* with -1: local rank i's bits */
     unsigned char tee_map[LAUNCHER_MAX_NPROC];
+    bool        ranks_filter;       /* --local-ranks-filter given: only the local ranks i with
+                                     * ranks_shown[i] reach the console (files get all) */
+    unsigned char ranks_shown[LAUNCHER_MAX_NPROC];
+    rg_agent_numa_t numa;           /* CPU binding of the local ranks (launcher_numa.c) */
     char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
     bool        module;             /* run argv[0] as a python module */
@@ -151,6 +166,20 @@ int  launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_con
 int  launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf);
 void launcher_usage(FILE *out);
 
+/* ---- CPU binding (launcher_numa.c) ------------------------------------------------------- */
+
+/* The CPUs each of the nproc local ranks is bound to under p->numa (sets[0..nproc-1]), from
+ * this process's affinity and the topology under /sys/devices/system (node/, cpu/). RG_OK, or
+ * RG_EINVAL saying why the binding cannot be made (fewer cores than ranks). Call it before
+ * forking: it reads files. */
+#include <sched.h>
+rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int nproc)
+    RG_NODISCARD;
+/* Usable cores (sched_getaffinity), and visible CUDA devices (CUDA_VISIBLE_DEVICES, else the
+ * entries of /proc/driver/nvidia/gpus; no CUDA runtime): --nproc-per-node=cpu|gpu|auto. */
+int launcher_usable_cpus(void);
+int launcher_visible_gpus(void);
+
 /* ---- c10d (launcher_c10d.c) ------------------------------------------------------------ */
 
 /* Splits a c10d endpoint, [http://]HOST[:PORT] or [http://][ADDR6][:PORT], into host (no
@@ -179,6 +208,8 @@ typedef struct {
     int   tail_next;
     int   tail_count;
     char  error_file[512];
+    bool  bind;                 /* --numa-binding: sched_setaffinity(cpus) before exec */
+    cpu_set_t cpus;
 } launcher_worker_t;
 
 typedef struct {

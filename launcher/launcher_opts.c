@@ -8,12 +8,15 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 typedef enum {
     O_NNODES, O_NPROC, O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_STANDALONE,
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
-    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER, O_COUNT
+    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
+    O_START_METHOD, O_RUN_PATH, O_LOGS_SPECS, O_RANKS_FILTER, O_NUMA, O_EVENT_LOG,
+    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_COUNT
 } opt_id_t;
 
 typedef struct {
@@ -48,7 +51,32 @@ static const opt_t opts[] = {
     {"grace-period", 0, O_GRACE, true, "REGROUP_GRACE_PERIOD", RG_AGENT_GRACE},
     {"master-addr", 0, O_MASTER, true, NULL, -1},
     {"master-port", 0, O_MASTER, true, NULL, -1},
+    {"start-method", 0, O_START_METHOD, true, NULL, -1},
+    {"run-path", 0, O_RUN_PATH, false, NULL, -1},
+    {"logs-specs", 0, O_LOGS_SPECS, true, NULL, -1},
+    {"local-ranks-filter", 0, O_RANKS_FILTER, true, NULL, RG_AGENT_RANKS_FILTER},
+    {"numa-binding", 0, O_NUMA, true, "REGROUP_NUMA_BINDING", RG_AGENT_NUMA},
+    {"event-log-handler", 0, O_EVENT_LOG, true, NULL, -1},
+    {"virtual-local-rank", 0, O_VIRTUAL_LOCAL_RANK, false, NULL, -1},
+    {"signals-to-handle", 0, O_SIGNALS, true, NULL, -1},
 };
+
+/* torchrun's options that it also reads from PET_<NAME> (its `env` action): all of them but
+ * regroup's own (--grace-period, --print-config) and --help. */
+static bool has_pet(const opt_t *o)
+{
+    return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE;
+}
+
+/* "PET_NPROC_PER_NODE" for nproc-per-node. */
+static void pet_name(const opt_t *o, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "PET_%s", o->name);
+    for (size_t i = 4; i < n && i < cap; i++) {
+        buf[i] = buf[i] == '-' ? '_' : (char)(buf[i] >= 'a' && buf[i] <= 'z' ? buf[i] - 32
+                                                                                : buf[i]);
+    }
+}
 
 void launcher_usage(FILE *out)
 {
@@ -63,7 +91,8 @@ void launcher_usage(FILE *out)
 "'--nproc_per_node' spellings as well as '--nproc-per-node'.\n"
 "\n"
 "  --nnodes=N|MIN:MAX        nodes in the job (default 1)\n"
-"  --nproc-per-node=N        workers on this node (default 1)\n"
+"  --nproc-per-node=N|cpu|gpu|auto  workers on this node (default 1); cpu: the usable\n"
+"                            cores; gpu: the visible CUDA devices; auto: gpu if any, else cpu\n"
 "  --rdzv-backend=etcd|c10d  etcd (default): the etcd v3 endpoints of your own etcd;\n"
 "                            c10d: the agent on the endpoint's host serves the rendezvous\n"
 "                            (a single-member etcd on that port, default 29400)\n"
@@ -85,8 +114,15 @@ void launcher_usage(FILE *out)
 "                            else the host name)\n"
 "  --no-python               run PROGRAM as is even if it ends in .py\n"
 "  -m, --module              run PROGRAM as a python module (python3 -m)\n"
-"  --node-rank=N             accepted for torchrun compatibility; ranks come from the\n"
-"                            rendezvous\n"
+"  --node-rank=N             ignored, with a warning: node ranks come from the rendezvous\n"
+"  --local-ranks-filter=0,1  only these local ranks' output on the console (files: all)\n"
+"  --numa-binding=node|socket|exclusive|core-complex  bind each local rank's CPUs\n"
+"                            (default: none)\n"
+"  --start-method, --event-log-handler, --signals-to-handle  accepted, no effect\n"
+"  --run-path, --logs-specs, --virtual-local-rank  refused, saying why\n"
+"Every torchrun option is also read from PET_<OPTION> (PET_NPROC_PER_NODE, ...) as torchrun\n"
+"reads it: a flag beats a REGROUP_* variable, which beats a PET_* variable. The whole table:\n"
+"docs/torchrun-options.md.\n"
 "  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
 "                            --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT\n"
 "  --print-config            print every setting and where it came from, then exit\n"
@@ -95,7 +131,8 @@ void launcher_usage(FILE *out)
 
 static int bad(const char *opt, const char *value, const char *why)
 {
-    fprintf(stderr, "regroup: --%s%s%s: %s (see regroup --help)\n", opt, value ? "=" : "",
+    fprintf(stderr, "regroup: --%s%s%s: %s (see regroup --help)\n", opt,
+            value && value[0] ? "=" : "",
             value ? value : "", why);
     return 2;
 }
@@ -282,6 +319,32 @@ static const char static_why[] =
     "supported; run the same job with --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT and "
     "the same --nnodes (node ranks then come from the rendezvous)";
 
+/* --local-ranks-filter=0,2: the local ranks whose output reaches the console. */
+static int parse_ranks_filter(rg_agent_params_t *p, const opt_t *o, const char *v,
+                              const char *src)
+{
+    static const char why[] = "expected local ranks from 0 to 255 separated by commas, such "
+                              "as 0 or 0,1";
+    const char *s = v;
+    memset(p->ranks_shown, 0, sizeof(p->ranks_shown));
+    p->ranks_filter = true;
+    for (;;) {
+        char *end;
+        long rank;
+        errno = 0;
+        rank = strtol(s, &end, 10);
+        if (errno != 0 || end == s || *s < '0' || *s > '9' || rank >= LAUNCHER_MAX_NPROC ||
+            (*end != ',' && *end != '\0')) {
+            return bad_src(o, src, v, why);
+        }
+        p->ranks_shown[rank] = 1;
+        if (*end == '\0') {
+            return 0;
+        }
+        s = end + 1;
+    }
+}
+
 static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src,
                  bool *print_config)
 {
@@ -294,10 +357,21 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
     case O_NNODES:
         return apply_nnodes(p, o, v, src);
     case O_NPROC:
-        if (strcmp(v, "cpu") == 0 || strcmp(v, "auto") == 0) {
-            p->nproc = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (strcmp(v, "cpu") == 0) {
+            p->nproc = launcher_usable_cpus();
+        } else if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
+            p->nproc = launcher_visible_gpus();
+            if (p->nproc == 0 && v[0] == 'g') {
+                return bad_src(o, src, v, "no CUDA device is visible (none in "
+                               "/proc/driver/nvidia/gpus, or CUDA_VISIBLE_DEVICES hides them); "
+                               "use a number or cpu");
+            }
+            if (p->nproc == 0) {
+                p->nproc = launcher_usable_cpus();   /* auto: cpu without a GPU, as torchrun */
+            }
         } else if (!parse_int(v, &p->nproc)) {
-            return bad_src(o, src, v, "expected a number of workers from 1 to 256, or cpu");
+            return bad_src(o, src, v, "expected a number of workers from 1 to 256, or cpu, gpu "
+                           "or auto");
         }
         break;
     case O_RDZV_BACKEND:
@@ -345,8 +419,48 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         if (!parse_int(v, &n) || n < 0 || n > RG_RDZV_MAX_NODES) {
             return bad_src(o, src, v, "expected a node rank");
         }
+        fprintf(stderr, "regroup: %s%s%s ignored: node ranks come from the rendezvous (a node "
+                "keeps its rank across rounds)\n", strcmp(src, "flag") ? src : "--node-rank",
+                "=", v);
         break;
     }
+    case O_START_METHOD:
+        if (strcmp(v, "spawn") != 0 && strcmp(v, "fork") != 0 &&
+            strcmp(v, "forkserver") != 0) {
+            return bad_src(o, src, v, "expected spawn, fork or forkserver");
+        }
+        break;   /* no effect: workers are always fork and exec of PROGRAM */
+    case O_EVENT_LOG:
+    case O_SIGNALS:
+        break;   /* no effect (docs/torchrun-options.md) */
+    case O_RUN_PATH:
+        return bad_src(o, src, v, "regroup runs PROGRAM as a process, not a script inside its "
+                       "own interpreter; give the script as PROGRAM (a .py runs under python3 "
+                       "-u) or run python3 -m for a module (-m)");
+    case O_LOGS_SPECS:
+        return bad_src(o, src, v, "torchrun's LogsSpecs plugins are Python classes; regroup has "
+                       "its own logs: --log-dir, --redirects, --tee, --local-ranks-filter");
+    case O_VIRTUAL_LOCAL_RANK:
+        return bad_src(o, src, v, "not supported: every worker gets its own LOCAL_RANK; to give "
+                       "each one device, set CUDA_VISIBLE_DEVICES from LOCAL_RANK in the "
+                       "program");
+    case O_RANKS_FILTER:
+        return parse_ranks_filter(p, o, v, src);
+    case O_NUMA:
+        if (strcmp(v, "none") == 0) {
+            p->numa = RG_AGENT_NUMA_NONE;
+        } else if (strcmp(v, "node") == 0) {
+            p->numa = RG_AGENT_NUMA_NODE;
+        } else if (strcmp(v, "socket") == 0) {
+            p->numa = RG_AGENT_NUMA_SOCKET;
+        } else if (strcmp(v, "exclusive") == 0) {
+            p->numa = RG_AGENT_NUMA_EXCLUSIVE;
+        } else if (strcmp(v, "core-complex") == 0 || strcmp(v, "core_complex") == 0) {
+            p->numa = RG_AGENT_NUMA_CORE_COMPLEX;
+        } else {
+            return bad_src(o, src, v, "expected node, socket, exclusive, core-complex or none");
+        }
+        break;
     case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:
@@ -372,6 +486,15 @@ static const opt_t *find_long(const char *name, size_t len)
         }
     }
     return NULL;
+}
+
+/* The PET_* name of o, in storage that lasts (p->from points at it). */
+static const char *pet_src(const opt_t *o)
+{
+    static char names[RG_ARRAY_SIZE(opts)][48];
+    size_t k = (size_t)(o - opts);
+    pet_name(o, names[k], sizeof(names[k]));
+    return names[k];
 }
 
 /* One argument (and perhaps the next, its value): 0, 1 (help), 2 (error), or -1 for the end
@@ -457,6 +580,46 @@ int launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_conf
         rc = apply(p, &opts[k], env, opts[k].env, print_config);
         if (rc != 0) {
             return rc;
+        }
+    }
+    /* Then torchrun's PET_* variables (its `env` action) for what is still unset; a flag
+     * without a value is set by PET_X=1 (or true, yes, on) and left by 0 (false, no, off). */
+    for (size_t k = 0; k < RG_ARRAY_SIZE(opts); k++) {
+        const opt_t *o = &opts[k];
+        const char *env_set = o->env ? getenv(o->env) : NULL;
+        char name[64];
+        if (!has_pet(o) || seen[o->id] || (env_set != NULL && env_set[0] != '\0') ||
+            (o->id == O_RDZV_ENDPOINT && p->standalone)) {
+            continue;
+        }
+        pet_name(o, name, sizeof(name));
+        const char *env = getenv(name);
+        if (env == NULL || env[0] == '\0') {
+            continue;
+        }
+        if (!o->value) {
+            if (strcasecmp(env, "0") == 0 || strcasecmp(env, "false") == 0 ||
+                strcasecmp(env, "no") == 0 || strcasecmp(env, "off") == 0) {
+                continue;
+            }
+            if (strcasecmp(env, "1") != 0 && strcasecmp(env, "true") != 0 &&
+                strcasecmp(env, "yes") != 0 && strcasecmp(env, "on") != 0) {
+                fprintf(stderr, "regroup: %s=%s: expected 1 or 0 (true or false) "
+                        "(see regroup --help)\n", name, env);
+                return 2;
+            }
+        }
+        /* the variable's name outlives the parse: p->from keeps it */
+        const char *src = pet_src(o);
+        rc = apply(p, o, o->value ? env : "", src, print_config);
+        if (rc != 0) {
+            return rc;
+        }
+        seen[o->id] = true;
+        if (o->id == O_STANDALONE && p->endpoint[0] != '\0' && p->from[RG_AGENT_ENDPOINT] &&
+            strncmp(p->from[RG_AGENT_ENDPOINT], "PET_", 4) == 0) {
+            p->endpoint[0] = '\0';   /* as with flags: --standalone decides the endpoint */
+            p->from[RG_AGENT_ENDPOINT] = NULL;
         }
     }
     p->argc = argc - i;

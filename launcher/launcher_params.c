@@ -6,6 +6,7 @@
 #include "launcher.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef enum { K_INT, K_NODES, K_MS, K_SEC, K_STR, K_BOOL, K_SECRET, K_OTHER } kind_t;
@@ -34,6 +35,8 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_LOG_DIR] = {"log_dir", "log-dir", NULL, K_STR, true},
     [RG_AGENT_REDIRECTS] = {"redirects", "redirects", NULL, K_INT, true},
     [RG_AGENT_TEE] = {"tee", "tee", NULL, K_INT, true},
+    [RG_AGENT_RANKS_FILTER] = {"local_ranks_filter", "local-ranks-filter", NULL, K_STR, true},
+    [RG_AGENT_NUMA] = {"numa_binding", "numa-binding", NULL, K_STR, true},
     [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
     [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
     [RG_AGENT_USER] = {"user", "rdzv-conf", "user", K_STR, false},
@@ -123,6 +126,26 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_MAX_RESTARTS: snprintf(buf, len, "%d", p->max_restarts); break;
     case RG_AGENT_REDIRECTS: std_str(p->redirects, p->redirects_map, buf, len); break;
     case RG_AGENT_TEE: std_str(p->tee, p->tee_map, buf, len); break;
+    case RG_AGENT_RANKS_FILTER:
+        if (!p->ranks_filter) {
+            snprintf(buf, len, "(all)");
+            break;
+        }
+        buf[0] = '\0';
+        for (int i = 0, o = 0; i < LAUNCHER_MAX_NPROC && o < (int)len; i++) {
+            if (p->ranks_shown[i]) {
+                int n = snprintf(buf + o, len - (size_t)o, "%s%d", o ? "," : "", i);
+                o += n > 0 ? n : 0;
+            }
+        }
+        break;
+    case RG_AGENT_NUMA: {
+        static const char *const names[] = {"none", "node", "socket", "exclusive",
+                                             "core-complex"};
+        snprintf(buf, len, "%s", (unsigned)p->numa < RG_ARRAY_SIZE(names) ? names[p->numa]
+                                                                           : "?");
+        break;
+    }
     case RG_AGENT_LEASE_TTL: snprintf(buf, len, "%lld", (long long)p->lease_ttl_s); break;
     case RG_AGENT_LAST_CALL:
     case RG_AGENT_JOIN_TIMEOUT:
@@ -257,6 +280,18 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
         if (p->tee < -1 || p->tee > 3 || p->tee_map[i] > 3) {
             return BAD(RG_AGENT_TEE, "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) "
                                      "or a per-local-rank map such as 0:3,1:1");
+        }
+    }
+    if ((unsigned)p->numa > RG_AGENT_NUMA_CORE_COMPLEX) {
+        return BAD(RG_AGENT_NUMA, "expected node, socket, exclusive, core-complex or none");
+    }
+    if (p->numa != RG_AGENT_NUMA_NONE) {
+        /* Said now rather than when the workers start: fewer cores than local ranks. */
+        cpu_set_t *sets = calloc((size_t)p->nproc, sizeof(*sets));
+        rg_status_t st = sets ? launcher_numa_sets(p, sets, p->nproc) : RG_ENOMEM;
+        free(sets);
+        if (st != RG_OK) {
+            return st;
         }
     }
     if (p->standalone) {

@@ -147,7 +147,7 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
 /* In the child, between fork and exec: async-signal-safe calls only. If exec fails, its errno
  * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
 static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
-                       const sigset_t *child_mask)
+                       const sigset_t *child_mask, const cpu_set_t *cpus)
 {
     int e;
 
@@ -157,6 +157,13 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_
         _exit(127);   /* the agent died before we got here */
     }
     sigprocmask(SIG_SETMASK, child_mask, NULL);
+    if (cpus != NULL && sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
+        e = -errno;   /* negative: the binding failed, not exec */
+        if (write(exec_w, &e, sizeof(e)) < 0) {
+            _exit(127);
+        }
+        _exit(127);
+    }
     dup2(out_w, STDOUT_FILENO);
     dup2(err_w, STDERR_FILENO);
     execvpe(args[0], args, envp);
@@ -217,11 +224,14 @@ static FILE *open_log(const launcher_spawn_t *sp, const launcher_worker_t *w, co
     return f;
 }
 
+static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                          const sigset_t *child_mask, char **args,
+                                          const cpu_set_t *sets);
+
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                    const sigset_t *child_mask)
 {
     const rg_agent_params_t *cfg = sp->cfg;
-    pid_t agent = getpid();
     char *args[cfg->argc + 4];
     int k = 0;
 
@@ -239,6 +249,29 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
     args[k] = NULL;
     ws->n = 0;
     ws->running = 0;
+    cpu_set_t *sets = NULL;
+    if (cfg->numa != RG_AGENT_NUMA_NONE) {
+        sets = calloc((size_t)cfg->nproc, sizeof(*sets));
+        if (sets == NULL) {
+            return rg_error(RG_ENOMEM, "cannot start workers: CPU sets");
+        }
+        rg_status_t st = launcher_numa_sets(cfg, sets, cfg->nproc);
+        if (st != RG_OK) {
+            free(sets);
+            return st;
+        }
+    }
+    rg_status_t st = launcher_workers_spawn(ws, sp, child_mask, args, sets);
+    free(sets);
+    return st;
+}
+
+static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                          const sigset_t *child_mask, char **args,
+                                          const cpu_set_t *sets)
+{
+    const rg_agent_params_t *cfg = sp->cfg;
+    pid_t agent = getpid();
     for (int i = 0; i < cfg->nproc; i++) {
         launcher_worker_t *w = &ws->w[i];
         int out[2];
@@ -250,6 +283,10 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
         w->rank = sp->asg->rank_offset + i;
         w->out_fd = -1;
         w->err_fd = -1;
+        if (sets != NULL) {
+            w->bind = true;
+            w->cpus = sets[i];
+        }
         snprintf(w->error_file, sizeof(w->error_file), "%s/error_r%d_l%d.json", ws->run_dir,
                  sp->asg->round, i);
         unlink(w->error_file);
@@ -287,7 +324,8 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
         fflush(stderr);
         w->pid = fork();
         if (w->pid == 0) {
-            child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask);
+            child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
+                       w->bind ? &w->cpus : NULL);
         }
         env_free(&env);
         if (w->pid < 0) {
@@ -310,6 +348,10 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
             close(out[0]);
             close(err[0]);
             worker_close(w, cfg);
+            if (exec_errno < 0) {
+                return rg_error(RG_ESYS, "--numa-binding: cannot bind local rank %d to its "
+                                "CPUs: %s", i, strerror(-exec_errno));
+            }
             return rg_error(RG_ESYS, "cannot run %s: %s", args[0], strerror(exec_errno));
         }
         w->out_fd = out[0];
@@ -346,6 +388,10 @@ static void emit_line(launcher_worker_t *w, bool is_err, const char *line, size_
         fwrite(line, 1, len, log);
         fputc('\n', log);
         fflush(log);
+    }
+    if (cfg->ranks_filter &&
+        (w->local_rank >= LAUNCHER_MAX_NPROC || !cfg->ranks_shown[w->local_rank])) {
+        return;   /* --local-ranks-filter: not on the console (the files above have it) */
     }
     if (launcher_std_bits(cfg, true, w->local_rank) & bit) {
         fprintf(console, "[rank %d]: %.*s\n", w->rank, (int)len, line);
