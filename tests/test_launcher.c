@@ -6,6 +6,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -697,6 +698,212 @@ START_TEST(test_print_config_sources)
 }
 END_TEST
 
+/* Every torchrun option: accepted (its --print-config row, or the run's exit status) or
+ * refused with why (docs/torchrun-options.md is the same table in words). env is
+ * "NAME=VALUE[;NAME=VALUE]" set for the run only; row is "setting|value|from" of
+ * --print-config, or the text the output must hold. */
+typedef struct {
+    const char *env;
+    const char *args;
+    int         rc;
+    const char *row;
+    const char *text;
+} opt_case_t;
+
+static void env_apply(const char *env, bool set)
+{
+    char buf[256];
+    char *save = NULL;
+    if (env == NULL) {
+        return;
+    }
+    snprintf(buf, sizeof(buf), "%s", env);
+    for (char *kv = strtok_r(buf, ";", &save); kv; kv = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(kv, '=');
+        *eq = '\0';
+        if (set) {
+            setenv(kv, eq + 1, 1);
+        } else {
+            unsetenv(kv);
+        }
+    }
+}
+
+START_TEST(test_torchrun_option_table)
+{
+    char cpus[16];
+    char cpus_row[64];
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    snprintf(cpus, sizeof(cpus), "%d", CPU_COUNT(&set));
+    snprintf(cpus_row, sizeof(cpus_row), "nproc_per_node|%s|flag", cpus);
+    const opt_case_t cases[] = {
+        /* PET_* variables, and who wins */
+        {"PET_NPROC_PER_NODE=3", "--print-config --standalone", 0,
+         "nproc_per_node|3|PET_NPROC_PER_NODE", NULL},
+        {"PET_NPROC_PER_NODE=3", "--print-config --standalone --nproc-per-node=2", 0,
+         "nproc_per_node|2|flag", NULL},
+        {"PET_NPROC_PER_NODE=3;REGROUP_NPROC_PER_NODE=4", "--print-config --standalone", 0,
+         "nproc_per_node|4|REGROUP_NPROC_PER_NODE", NULL},
+        {"PET_MAX_RESTARTS=2;PET_MONITOR_INTERVAL=0.5;PET_ROLE=trainer",
+         "--print-config --standalone", 0, "max_restarts|2|PET_MAX_RESTARTS", NULL},
+        {"PET_ROLE=trainer", "--print-config --standalone", 0, "role|trainer|PET_ROLE", NULL},
+        {"PET_NNODES=1:3;PET_RDZV_ENDPOINT=127.0.0.1:1;PET_RDZV_ID=j9",
+         "--print-config", 0, "rdzv_id|j9|PET_RDZV_ID", NULL},
+        {"PET_NNODES=1:3;PET_RDZV_ENDPOINT=127.0.0.1:1", "--print-config", 0,
+         "nnodes|1:3|PET_NNODES", NULL},
+        {"PET_STANDALONE=1;PET_RDZV_ENDPOINT=127.0.0.1:1", "--print-config", 0,
+         "rdzv_endpoint|(private etcd)|default", NULL},
+        {"PET_STANDALONE=maybe", "--print-config", 2, NULL,
+         "PET_STANDALONE=maybe: expected 1 or 0"},
+        {"PET_NPROC_PER_NODE=0", "--standalone /bin/true", 2, NULL, "PET_NPROC_PER_NODE=0:"},
+        {"PET_MASTER_ADDR=10.0.0.1", "--standalone /bin/true", 2, NULL,
+         "PET_MASTER_ADDR=10.0.0.1: torchrun's fixed membership"},
+        /* --nproc-per-node=cpu|gpu|auto */
+        {NULL, "--print-config --standalone --nproc-per-node=cpu", 0, cpus_row, NULL},
+        {"CUDA_VISIBLE_DEVICES=0,1", "--print-config --standalone --nproc-per-node=gpu", 0,
+         "nproc_per_node|2|flag", NULL},
+        {"CUDA_VISIBLE_DEVICES=3", "--print-config --standalone --nproc-per-node=auto", 0,
+         "nproc_per_node|1|flag", NULL},
+        {"CUDA_VISIBLE_DEVICES=-1", "--print-config --standalone --nproc-per-node=auto", 0,
+         cpus_row, NULL},
+        {"CUDA_VISIBLE_DEVICES=-1", "--standalone --nproc-per-node=gpu /bin/true", 2, NULL,
+         "--nproc-per-node=gpu: no CUDA device is visible"},
+        {NULL, "--standalone --nproc-per-node=tpu /bin/true", 2, NULL,
+         "or cpu, gpu or auto"},
+        /* accepted as in torchrun */
+        {NULL, "--print-config --standalone --max-restarts=3", 0, "max_restarts|3|flag", NULL},
+        {NULL, "--print-config --standalone --monitor-interval=0.5", 0,
+         "monitor_interval|0.500|flag", NULL},
+        {NULL, "--print-config --standalone --role=trainer", 0, "role|trainer|flag", NULL},
+        {NULL, "--print-config --standalone", 0, "rdzv_id|none|default", NULL},
+        {NULL, "--standalone --no-python /bin/true", 0, NULL, NULL},
+        {NULL, "--standalone -m --print-config", 0, NULL, "setting"},
+        {NULL, "--print-config --standalone --local-ranks-filter=0,2", 0,
+         "local_ranks_filter|0,2|flag", NULL},
+        {NULL, "--standalone --local-ranks-filter=0,x /bin/true", 2, NULL,
+         "--local-ranks-filter=0,x: expected local ranks"},
+        {NULL, "--print-config --standalone --numa-binding=socket", 0,
+         "numa_binding|socket|flag", NULL},
+        {NULL, "--print-config --standalone", 0, "numa_binding|none|default", NULL},
+        {NULL, "--standalone --numa-binding=everything /bin/true", 2, NULL,
+         "expected node, socket, exclusive, core-complex or none"},
+        {NULL, "--standalone --numa-binding=exclusive --nproc-per-node=256 /bin/true", 2, NULL,
+         "usable cores for 256 local ranks"},
+        /* accepted with no effect, or ignored with a warning */
+        {NULL, "--print-config --standalone --start-method=fork", 0, NULL, "setting"},
+        {NULL, "--standalone --start-method=thread /bin/true", 2, NULL,
+         "expected spawn, fork or forkserver"},
+        {NULL, "--print-config --standalone --event-log-handler=console", 0, NULL, "setting"},
+        {NULL, "--print-config --standalone --signals-to-handle=SIGTERM", 0, NULL, "setting"},
+        {NULL, "--print-config --standalone --node-rank=1", 0, NULL,
+         "--node-rank=1 ignored: node ranks come from the rendezvous"},
+        /* refused, saying why */
+        {NULL, "--standalone --run-path x.py", 2, NULL,
+         "--run-path: regroup runs PROGRAM as a process"},
+        {NULL, "--standalone --logs-specs=my.Specs /bin/true", 2, NULL,
+         "LogsSpecs plugins are Python classes"},
+        {NULL, "--standalone --virtual-local-rank /bin/true", 2, NULL,
+         "every worker gets its own LOCAL_RANK"},
+        {NULL, "--standalone --master-port=29500 /bin/true", 2, NULL,
+         "--rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"},
+        {NULL, "--rdzv-backend=static --rdzv-endpoint=127.0.0.1:1 /bin/true", 2, NULL,
+         "--rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT"},
+    };
+    /* Every row is tried; each one that fails is said, then the test fails. */
+    int failed = 0;
+    for (size_t i = 0; i < RG_ARRAY_SIZE(cases); i++) {
+        const opt_case_t *c = &cases[i];
+        char out[8192];
+        char want[256] = "";
+        env_apply(c->env, true);
+        int rc = run_cmd(c->args, out, sizeof(out));
+        env_apply(c->env, false);
+        if (c->row != NULL) {
+            char k[64];
+            char v[64];
+            char f[64];
+            ck_assert_int_eq(sscanf(c->row, "%63[^|]|%63[^|]|%63s", k, v, f), 3);
+            snprintf(want, sizeof(want), "%-20s %-40s %s\n", k, v, f);
+        }
+        if (rc != c->rc || (want[0] && strstr(out, want) == NULL) ||
+            (c->text != NULL && strstr(out, c->text) == NULL)) {
+            fprintf(stderr, "[%s] regroup %s: exit %d (want %d), want '%s%s' in:\n%s\n",
+                    c->env ? c->env : "", c->args, rc, c->rc, want, c->text ? c->text : "",
+                    out);
+            failed++;
+        }
+    }
+    ck_assert_msg(failed == 0, "%d of %zu torchrun option rows failed (see stderr)", failed,
+                  RG_ARRAY_SIZE(cases));
+}
+END_TEST
+
+/* --local-ranks-filter: only those local ranks reach the console; the files have all. */
+START_TEST(test_local_ranks_filter)
+{
+    char out[4096];
+    char logs[300];
+    char path[400];
+    snprintf(logs, sizeof(logs), "--log-dir=%s/logs", dir);
+    int rc = run_regroup((char *[]){"--standalone", "--nproc-per-node=3", "--tee=1", logs,
+                                    "--local-ranks-filter=1", "/bin/sh", "-c",
+                                    "echo hello from $LOCAL_RANK", NULL},
+                         out, sizeof(out));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(strstr(out, "[rank 1]: hello from 1") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "hello from 0") == NULL && strstr(out, "hello from 2") == NULL,
+                  "%s", out);
+    snprintf(path, sizeof(path), "%s/logs/none/round_0/rank_2/stdout.log", dir);
+    ck_assert_msg(test_file_contains(path, "hello from 2"), "no %s", path);
+}
+END_TEST
+
+/* --numa-binding=exclusive: each local rank on its own cores, none shared. */
+START_TEST(test_numa_binding_exclusive)
+{
+    char out[4096];
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    if (CPU_COUNT(&set) < 2) {
+        return;   /* one core: nothing to split (the refusal is in the option table) */
+    }
+    int rc = run_regroup((char *[]){"--standalone", "--nproc-per-node=2", "--tee=1",
+                                    "--numa-binding=exclusive", "/bin/sh", "-c",
+                                    "grep Cpus_allowed_list /proc/self/status", NULL},
+                         out, sizeof(out));
+    ck_assert_int_eq(rc, 0);
+    char l0[64] = "";
+    char l1[64] = "";
+    const char *a = strstr(out, "[rank 0]: Cpus_allowed_list:");
+    const char *b = strstr(out, "[rank 1]: Cpus_allowed_list:");
+    ck_assert_msg(a && b && sscanf(a, "[rank 0]: Cpus_allowed_list: %63s", l0) == 1 &&
+                  sscanf(b, "[rank 1]: Cpus_allowed_list: %63s", l1) == 1, "%s", out);
+    /* Each a part of this process's CPUs, and no CPU in both. */
+    cpu_set_t s0;
+    cpu_set_t s1;
+    const char *lists[] = {l0, l1};
+    cpu_set_t *sets[] = {&s0, &s1};
+    for (int k = 0; k < 2; k++) {
+        CPU_ZERO(sets[k]);
+        for (const char *p = lists[k]; *p;) {
+            char *end;
+            long lo = strtol(p, &end, 10);
+            long hi = *end == '-' ? strtol(end + 1, &end, 10) : lo;
+            for (long c = lo; c <= hi; c++) {
+                CPU_SET((int)c, sets[k]);
+            }
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    cpu_set_t both;
+    CPU_AND(&both, &s0, &s1);
+    ck_assert_msg(CPU_COUNT(&s0) > 0 && CPU_COUNT(&s1) > 0 && CPU_COUNT(&both) == 0 &&
+                  CPU_COUNT(&s0) + CPU_COUNT(&s1) < CPU_COUNT(&set) + 1,
+                  "rank 0 on %s, rank 1 on %s", l0, l1);
+}
+END_TEST
+
 /* A bad value from the environment is named as the variable, not as a flag. */
 START_TEST(test_bad_environment_names_the_variable)
 {
@@ -799,6 +1006,9 @@ int main(void)
     tcase_add_test(tc2, test_standalone_leaves_nothing);
     tcase_add_test(tc2, test_bad_options);
     tcase_add_test(tc2, test_print_config_sources);
+    tcase_add_test(tc2, test_torchrun_option_table);
+    tcase_add_test(tc2, test_local_ranks_filter);
+    tcase_add_test(tc2, test_numa_binding_exclusive);
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_tee_without_log_dir);
