@@ -617,8 +617,9 @@ int launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_conf
         }
         seen[o->id] = true;
         if (o->id == O_STANDALONE && p->endpoint[0] != '\0' && p->from[RG_AGENT_ENDPOINT] &&
-            strncmp(p->from[RG_AGENT_ENDPOINT], "PET_", 4) == 0) {
-            p->endpoint[0] = '\0';   /* as with flags: --standalone decides the endpoint */
+            strcmp(p->from[RG_AGENT_ENDPOINT], "flag") != 0) {
+            /* as with the flag: standalone decides; an endpoint variable does not contradict */
+            p->endpoint[0] = '\0';
             p->from[RG_AGENT_ENDPOINT] = NULL;
         }
     }

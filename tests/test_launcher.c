@@ -754,6 +754,8 @@ START_TEST(test_torchrun_option_table)
          "nnodes|1:3|PET_NNODES", NULL},
         {"PET_STANDALONE=1;PET_RDZV_ENDPOINT=127.0.0.1:1", "--print-config", 0,
          "rdzv_endpoint|(private etcd)|default", NULL},
+        {"PET_STANDALONE=1;REGROUP_RDZV_ENDPOINT=127.0.0.1:1", "--print-config", 0,
+         "rdzv_endpoint|(private etcd)|default", NULL},
         {"PET_STANDALONE=maybe", "--print-config", 2, NULL,
          "PET_STANDALONE=maybe: expected 1 or 0"},
         {"PET_NPROC_PER_NODE=0", "--standalone /bin/true", 2, NULL, "PET_NPROC_PER_NODE=0:"},
