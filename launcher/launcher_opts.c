@@ -120,13 +120,14 @@ void launcher_usage(FILE *out)
 "                            (default: none)\n"
 "  --start-method, --event-log-handler, --signals-to-handle  accepted, no effect\n"
 "  --run-path, --logs-specs, --virtual-local-rank  refused, saying why\n"
-"Every torchrun option is also read from PET_<OPTION> (PET_NPROC_PER_NODE, ...) as torchrun\n"
-"reads it: a flag beats a REGROUP_* variable, which beats a PET_* variable. The whole table:\n"
-"docs/torchrun-options.md.\n"
 "  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
 "                            --rdzv-backend=c10d --rdzv-endpoint=MASTER_ADDR:PORT\n"
 "  --print-config            print every setting and where it came from, then exit\n"
-"  -h, --help                this text\n");
+"  -h, --help                this text\n"
+"\n"
+"Every torchrun option is also read from PET_<OPTION> (PET_NPROC_PER_NODE, ...) as torchrun\n"
+"reads it: a flag beats a REGROUP_* variable, which beats a PET_* variable. The whole table:\n"
+"docs/torchrun-options.md.\n");
 }
 
 static int bad(const char *opt, const char *value, const char *why)
@@ -611,7 +612,7 @@ int launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_conf
         }
         /* the variable's name outlives the parse: p->from keeps it */
         const char *src = pet_src(o);
-        rc = apply(p, o, o->value ? env : "", src, print_config);
+        rc = apply(p, o, env, src, print_config);
         if (rc != 0) {
             return rc;
         }

@@ -803,6 +803,9 @@ START_TEST(test_torchrun_option_table)
         /* refused, saying why */
         {NULL, "--standalone --run-path x.py", 2, NULL,
          "--run-path: regroup runs PROGRAM as a process"},
+        {"PET_RUN_PATH=1", "--standalone /bin/true", 2, NULL,
+         "PET_RUN_PATH=1: regroup runs PROGRAM as a process"},
+        {"PET_RUN_PATH=0", "--standalone --print-config", 0, NULL, "setting"},
         {NULL, "--standalone --logs-specs=my.Specs /bin/true", 2, NULL,
          "LogsSpecs plugins are Python classes"},
         {NULL, "--standalone --virtual-local-rank /bin/true", 2, NULL,
