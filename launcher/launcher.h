@@ -175,6 +175,12 @@ void launcher_usage(FILE *out);
 #include <sched.h>
 rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int nproc)
     RG_NODISCARD;
+/* The same from the topology under sys (a copy of /sys/devices/system: node/online,
+ * node/node<k>/cpulist, cpu/cpu<c>/topology/{thread_siblings_list,physical_package_id},
+ * cpu/cpu<c>/cache/index3/shared_cpu_list) for the CPUs in usable. */
+rg_status_t launcher_numa_sets_at(const char *sys, rg_agent_numa_t numa,
+                                  const cpu_set_t *usable, cpu_set_t *sets, int nproc)
+    RG_NODISCARD;
 /* Usable cores (sched_getaffinity), and visible CUDA devices (CUDA_VISIBLE_DEVICES, else the
  * entries of /proc/driver/nvidia/gpus; no CUDA runtime): --nproc-per-node=cpu|gpu|auto. */
 int launcher_usable_cpus(void);

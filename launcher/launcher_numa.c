@@ -13,8 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SYS_NODE "/sys/devices/system/node"
-#define SYS_CPU  "/sys/devices/system/cpu"
 #define MAX_NODES 64
 
 int launcher_usable_cpus(void)
@@ -90,11 +88,12 @@ static bool read_cpulist(const char *path, cpu_set_t *set)
     return true;
 }
 
-static long read_long(const char *fmt, int cpu)
+/* <sys>/cpu/cpu<cpu>/<name>, a number, or -1. */
+static long read_long(const char *sys, int cpu, const char *name)
 {
-    char path[256];
+    char path[600];
     long v = -1;
-    snprintf(path, sizeof(path), fmt, cpu);
+    snprintf(path, sizeof(path), "%s/cpu/cpu%d/%s", sys, cpu, name);
     FILE *f = fopen(path, "r");
     if (f != NULL) {
         if (fscanf(f, "%ld", &v) != 1) {
@@ -107,17 +106,18 @@ static long read_long(const char *fmt, int cpu)
 
 /* The usable CPUs of each NUMA node that has some; at least one node (all usable CPUs when
  * the machine shows none). */
-static int numa_nodes(const cpu_set_t *usable, cpu_set_t *nodes)
+static int numa_nodes(const char *sys, const cpu_set_t *usable, cpu_set_t *nodes)
 {
     cpu_set_t online;
+    char path[600];
     int n = 0;
-    if (read_cpulist(SYS_NODE "/online", &online)) {
+    snprintf(path, sizeof(path), "%s/node/online", sys);
+    if (read_cpulist(path, &online)) {
         for (int k = 0; k < CPU_SETSIZE && n < MAX_NODES; k++) {
-            char path[128];
             if (!CPU_ISSET(k, &online)) {
                 continue;
             }
-            snprintf(path, sizeof(path), SYS_NODE "/node%d/cpulist", k);
+            snprintf(path, sizeof(path), "%s/node/node%d/cpulist", sys, k);
             if (read_cpulist(path, &nodes[n])) {
                 CPU_AND(&nodes[n], &nodes[n], usable);
                 n += CPU_COUNT(&nodes[n]) > 0;
@@ -131,9 +131,10 @@ static int numa_nodes(const cpu_set_t *usable, cpu_set_t *nodes)
     return n;
 }
 
-/* The groups of node's CPUs that share what key_of names (a core, an L3 cache), in the order
- * of their first CPU; at most cap groups. */
-static int cpu_groups(const cpu_set_t *node, bool l3, cpu_set_t *groups, int cap)
+/* The groups of node's CPUs that share a core (l3 false) or an L3 cache, in the order of
+ * their first CPU; at most cap groups. */
+static int cpu_groups(const char *sys, const cpu_set_t *node, bool l3, cpu_set_t *groups,
+                      int cap)
 {
     int n = 0;
     cpu_set_t left = *node;
@@ -142,10 +143,9 @@ static int cpu_groups(const cpu_set_t *node, bool l3, cpu_set_t *groups, int cap
         if (!CPU_ISSET(c, &left)) {
             continue;
         }
-        char path[256];
-        snprintf(path, sizeof(path),
-                 l3 ? SYS_CPU "/cpu%d/cache/index3/shared_cpu_list"
-                    : SYS_CPU "/cpu%d/topology/thread_siblings_list", c);
+        char path[600];
+        snprintf(path, sizeof(path), "%s/cpu/cpu%d/%s", sys, c,
+                 l3 ? "cache/index3/shared_cpu_list" : "topology/thread_siblings_list");
         if (!read_cpulist(path, &g)) {
             CPU_ZERO(&g);
             CPU_SET(c, &g);
@@ -160,8 +160,17 @@ static int cpu_groups(const cpu_set_t *node, bool l3, cpu_set_t *groups, int cap
 
 rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int nproc)
 {
-    static const char *const names[] = {"none", "node", "socket", "exclusive", "core-complex"};
     cpu_set_t usable;
+    if (sched_getaffinity(0, sizeof(usable), &usable) != 0) {
+        return rg_error(RG_ESYS, "--numa-binding: sched_getaffinity: %m");
+    }
+    return launcher_numa_sets_at("/sys/devices/system", p->numa, &usable, sets, nproc);
+}
+
+rg_status_t launcher_numa_sets_at(const char *sys, rg_agent_numa_t numa,
+                                  const cpu_set_t *usable, cpu_set_t *sets, int nproc)
+{
+    static const char *const names[] = {"none", "node", "socket", "exclusive", "core-complex"};
     cpu_set_t *nodes = calloc(MAX_NODES, sizeof(cpu_set_t));
     cpu_set_t *groups = calloc(CPU_SETSIZE, sizeof(cpu_set_t));
     rg_status_t st = RG_OK;
@@ -171,11 +180,7 @@ rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int 
         free(groups);
         return rg_error(RG_ENOMEM, "--numa-binding");
     }
-    if (sched_getaffinity(0, sizeof(usable), &usable) != 0) {
-        st = rg_error(RG_ESYS, "--numa-binding: sched_getaffinity: %m");
-        goto out;
-    }
-    int n_nodes = numa_nodes(&usable, nodes);
+    int n_nodes = numa_nodes(sys, usable, nodes);
     for (int i = 0; i < nproc; i++) {
         int k = (int)((int64_t)i * n_nodes / nproc);
         /* the local ranks on node k: first..first+m-1 */
@@ -183,7 +188,7 @@ rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int 
         int m = (int)(((int64_t)(k + 1) * nproc + n_nodes - 1) / n_nodes) - first;
         int j = i - first;
         int g;
-        switch (p->numa) {
+        switch (numa) {
         case RG_AGENT_NUMA_NONE:
         case RG_AGENT_NUMA_NODE:
             sets[i] = nodes[k];
@@ -192,13 +197,13 @@ rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int 
             long pkg = -1;
             for (int c = 0; c < CPU_SETSIZE && pkg < 0; c++) {
                 if (CPU_ISSET(c, &nodes[k])) {
-                    pkg = read_long(SYS_CPU "/cpu%d/topology/physical_package_id", c);
+                    pkg = read_long(sys, c, "topology/physical_package_id");
                 }
             }
             sets[i] = nodes[k];
             for (int c = 0; c < CPU_SETSIZE && pkg >= 0; c++) {
-                if (CPU_ISSET(c, &usable) &&
-                    read_long(SYS_CPU "/cpu%d/topology/physical_package_id", c) == pkg) {
+                if (CPU_ISSET(c, usable) &&
+                    read_long(sys, c, "topology/physical_package_id") == pkg) {
                     CPU_SET(c, &sets[i]);
                 }
             }
@@ -206,7 +211,7 @@ rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int 
         }
         case RG_AGENT_NUMA_EXCLUSIVE:
             /* whole cores (their hyperthreads together), split in contiguous shares */
-            g = cpu_groups(&nodes[k], false, groups, CPU_SETSIZE);
+            g = cpu_groups(sys, &nodes[k], false, groups, CPU_SETSIZE);
             if (g < m) {
                 st = rg_error(RG_EINVAL, "--numa-binding=exclusive: NUMA node %d has %d usable "
                               "cores for %d local ranks; use --numa-binding=node or fewer "
@@ -220,13 +225,13 @@ rg_status_t launcher_numa_sets(const rg_agent_params_t *p, cpu_set_t *sets, int 
             break;
         case RG_AGENT_NUMA_CORE_COMPLEX:
             /* one L3 group each, shared round robin when the node has fewer than its ranks */
-            g = cpu_groups(&nodes[k], true, groups, CPU_SETSIZE);
+            g = cpu_groups(sys, &nodes[k], true, groups, CPU_SETSIZE);
             sets[i] = groups[j % g];
             break;
         }
         if (CPU_COUNT(&sets[i]) == 0) {
             st = rg_error(RG_EINVAL, "--numa-binding=%s: no usable CPU for local rank %d",
-                          names[p->numa], i);
+                          names[numa], i);
             goto out;
         }
     }

@@ -2,6 +2,7 @@
  * The regroup launcher through real processes: agents started as separate "nodes" on
  * loopback against a real etcd, workers that record their starts in an events file.
  */
+#include "launcher.h"
 #include "test_util.h"
 
 #include <check.h>
@@ -909,6 +910,108 @@ START_TEST(test_numa_binding_exclusive)
 }
 END_TEST
 
+/* A made-up /sys/devices/system: 2 NUMA nodes of 4 CPUs (0-3, 4-7), each 2 cores of 2
+ * hyperthreads, one socket, one L3 per node. */
+static void put(const char *root, const char *rel, const char *text)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    for (char *p = path + strlen(root) + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(path, 0755);
+            *p = '/';
+        }
+    }
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void fake_sys(const char *root)
+{
+    char rel[128];
+    char text[32];
+    put(root, "node/online", "0-1\n");
+    put(root, "node/node0/cpulist", "0-3\n");
+    put(root, "node/node1/cpulist", "4-7\n");
+    for (int c = 0; c < 8; c++) {
+        snprintf(rel, sizeof(rel), "cpu/cpu%d/topology/thread_siblings_list", c);
+        snprintf(text, sizeof(text), "%d-%d\n", c & ~1, (c & ~1) + 1);
+        put(root, rel, text);
+        snprintf(rel, sizeof(rel), "cpu/cpu%d/topology/physical_package_id", c);
+        put(root, rel, "0\n");
+        snprintf(rel, sizeof(rel), "cpu/cpu%d/cache/index3/shared_cpu_list", c);
+        put(root, rel, c < 4 ? "0-3\n" : "4-7\n");
+    }
+}
+
+/* "0-3" style, for messages and comparisons. */
+static const char *set_str(const cpu_set_t *s)
+{
+    static char buf[8][64];
+    static int next;
+    char *b = buf[next++ % 8];
+    size_t o = 0;
+    b[0] = '\0';
+    for (int c = 0; c < 64; c++) {
+        if (CPU_ISSET(c, s)) {
+            o += (size_t)snprintf(b + o, 64 - o, "%s%d", o ? "," : "", c);
+        }
+    }
+    return b;
+}
+
+START_TEST(test_numa_binding_sets)
+{
+    char root[256];
+    cpu_set_t all;
+    cpu_set_t sets[8];
+    test_tmpdir(root, sizeof(root), "sys");
+    fake_sys(root);
+    CPU_ZERO(&all);
+    for (int c = 0; c < 8; c++) {
+        CPU_SET(c, &all);
+    }
+    static const struct {
+        rg_agent_numa_t numa;
+        int nproc;
+        const char *want[8];
+    } cases[] = {
+        {RG_AGENT_NUMA_NODE, 4, {"0,1,2,3", "0,1,2,3", "4,5,6,7", "4,5,6,7"}},
+        {RG_AGENT_NUMA_SOCKET, 2, {"0,1,2,3,4,5,6,7", "0,1,2,3,4,5,6,7"}},
+        {RG_AGENT_NUMA_EXCLUSIVE, 4, {"0,1", "2,3", "4,5", "6,7"}},
+        {RG_AGENT_NUMA_EXCLUSIVE, 2, {"0,1,2,3", "4,5,6,7"}},
+        {RG_AGENT_NUMA_CORE_COMPLEX, 4, {"0,1,2,3", "0,1,2,3", "4,5,6,7", "4,5,6,7"}},
+    };
+    for (size_t i = 0; i < RG_ARRAY_SIZE(cases); i++) {
+        ck_assert_int_eq(launcher_numa_sets_at(root, cases[i].numa, &all, sets,
+                                               cases[i].nproc), RG_OK);
+        for (int r = 0; r < cases[i].nproc; r++) {
+            ck_assert_msg(strcmp(set_str(&sets[r]), cases[i].want[r]) == 0,
+                          "case %zu rank %d: %s, not %s", i, r, set_str(&sets[r]),
+                          cases[i].want[r]);
+        }
+    }
+    /* Only the usable CPUs: without 3, node 0's second core is 2 alone. */
+    cpu_set_t some = all;
+    CPU_CLR(3, &some);
+    ck_assert_int_eq(launcher_numa_sets_at(root, RG_AGENT_NUMA_EXCLUSIVE, &some, sets, 4), RG_OK);
+    ck_assert_str_eq(set_str(&sets[1]), "2");
+    /* Three ranks a node on two cores: refused, saying so. */
+    ck_assert_int_eq(launcher_numa_sets_at(root, RG_AGENT_NUMA_EXCLUSIVE, &all, sets, 6),
+                     RG_EINVAL);
+    ck_assert_msg(strstr(rg_last_error(), "NUMA node 0 has 2 usable cores for 3 local ranks"),
+                  "%s", rg_last_error());
+    /* No NUMA information: one node of every usable CPU. */
+    ck_assert_int_eq(launcher_numa_sets_at("/nonexistent", RG_AGENT_NUMA_NODE, &some, sets, 2),
+                     RG_OK);
+    ck_assert_str_eq(set_str(&sets[0]), "0,1,2,4,5,6,7");
+    test_rmtree(root);
+}
+END_TEST
+
 /* A bad value from the environment is named as the variable, not as a flag. */
 START_TEST(test_bad_environment_names_the_variable)
 {
@@ -1014,6 +1117,7 @@ int main(void)
     tcase_add_test(tc2, test_torchrun_option_table);
     tcase_add_test(tc2, test_local_ranks_filter);
     tcase_add_test(tc2, test_numa_binding_exclusive);
+    tcase_add_test(tc2, test_numa_binding_sets);
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
     tcase_add_test(tc2, test_tee_without_log_dir);
