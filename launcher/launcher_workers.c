@@ -116,6 +116,12 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
+    /* As torchrun: several workers of a node each running a full OpenMP pool would
+     * oversubscribe its cores, so they get one thread unless the user chose. */
+    if (cfg->nproc > 1 && getenv("OMP_NUM_THREADS") == NULL &&
+        !env_in((char *const *)cfg->env, cfg->n_env, "OMP_NUM_THREADS=")) {
+        env_add(e, "OMP_NUM_THREADS", "1");
+    }
     while (environ[n_environ] != NULL) {
         n_environ++;
     }

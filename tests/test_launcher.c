@@ -845,6 +845,68 @@ START_TEST(test_torchrun_option_table)
 }
 END_TEST
 
+/* Whether a line of path starts with text (text may end in "\n" to match a whole line). */
+static bool line_starts(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    if (f == NULL) {
+        return false;
+    }
+    while (!found && getline(&line, &cap, f) >= 0) {
+        found = strncmp(line, text, strlen(text)) == 0;
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+/* Each worker gets torchrun's environment (a script written for torchrun reads it), plus
+ * OMP_NUM_THREADS=1 with several workers unless the user set it, as torchrun does. */
+START_TEST(test_worker_environment)
+{
+    char out[4096];
+    char path[400];
+    char want[128];
+    unsetenv("OMP_NUM_THREADS");
+    int rc = run_regroup((char *[]){"--standalone", "--nproc-per-node=2", "--max-restarts=2",
+                                    "--rdzv-id=envjob", "/bin/sh", "-c",
+                                    "env > \"$RG_TEST_DIR/env.$LOCAL_RANK\"", NULL},
+                         out, sizeof(out));
+    ck_assert_msg(rc == 0, "%s", out);
+    for (int r = 0; r < 2; r++) {
+        const char *fixed[] = {"WORLD_SIZE=2\n", "LOCAL_WORLD_SIZE=2\n", "GROUP_RANK=0\n",
+                               "GROUP_WORLD_SIZE=1\n", "ROLE_WORLD_SIZE=2\n",
+                               "ROLE_NAME=default\n", "MASTER_ADDR=127.0.0.1\n",
+                               "TORCHELASTIC_RESTART_COUNT=0\n",
+                               "TORCHELASTIC_MAX_RESTARTS=2\n",
+                               "TORCHELASTIC_RUN_ID=envjob\n", "REGROUP_JOB_ID=envjob\n",
+                               "REGROUP_ROUND=0\n", "OMP_NUM_THREADS=1\n", "MASTER_PORT=",
+                               "TORCHELASTIC_ERROR_FILE=", "REGROUP_ETCD_ENDPOINTS=http"};
+        snprintf(path, sizeof(path), "%s/env.%d", dir, r);
+        for (size_t i = 0; i < RG_ARRAY_SIZE(fixed); i++) {
+            ck_assert_msg(line_starts(path, fixed[i]), "rank %d: no %s", r, fixed[i]);
+        }
+        const char *own[] = {"RANK", "LOCAL_RANK", "ROLE_RANK"};
+        for (size_t i = 0; i < RG_ARRAY_SIZE(own); i++) {
+            snprintf(want, sizeof(want), "%s=%d\n", own[i], r);
+            ck_assert_msg(line_starts(path, want), "rank %d: no %s=%d", r, own[i], r);
+        }
+    }
+    /* The user's own choice stands. */
+    setenv("OMP_NUM_THREADS", "3", 1);
+    rc = run_regroup((char *[]){"--standalone", "--nproc-per-node=2", "/bin/sh", "-c",
+                                "env > \"$RG_TEST_DIR/omp.$LOCAL_RANK\"", NULL},
+                     out, sizeof(out));
+    unsetenv("OMP_NUM_THREADS");
+    ck_assert_msg(rc == 0, "%s", out);
+    snprintf(path, sizeof(path), "%s/omp.0", dir);
+    ck_assert(line_starts(path, "OMP_NUM_THREADS=3\n"));
+}
+END_TEST
+
 /* --local-ranks-filter: only those local ranks reach the console; the files have all. */
 START_TEST(test_local_ranks_filter)
 {
@@ -1120,6 +1182,7 @@ int main(void)
     tcase_add_test(tc2, test_numa_binding_sets);
     tcase_add_test(tc2, test_bad_environment_names_the_variable);
     tcase_add_test(tc2, test_log_dir_tee_and_redirects);
+    tcase_add_test(tc2, test_worker_environment);
     tcase_add_test(tc2, test_tee_without_log_dir);
     tcase_add_test(tc2, test_program_that_cannot_run);
     tcase_add_test(tc2, test_c10d_agent_serves_the_rendezvous);
