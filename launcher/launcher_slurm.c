@@ -105,9 +105,9 @@ static int slurm_nnodes(rg_agent_params_t *p)
     if (v == NULL) {
         return 0;
     }
-    /* The range (1..256) is rg_agent_params_check's, which names the variable too. */
-    if (!slurm_number(v, 1000000, &n)) {
-        return slurm_bad(var, v, "expected Slurm's node count, a whole number");
+    /* The upper bound (256) is rg_agent_params_check's, which names the variable too. */
+    if (!slurm_number(v, 1000000, &n) || n == 0) {
+        return slurm_bad(var, v, "expected Slurm's node count, a number from 1");
     }
     if (tasks != NULL && !slurm_number(tasks, 100000000, &t)) {
         return slurm_bad("SLURM_STEP_NUM_TASKS", tasks,
