@@ -237,4 +237,17 @@ for r in 0 1; do
     grep -Eq "^worker rank=$r world=2 local=$r/2 run_id=$step_job job=$step_job$" "$tmp/job.out" ||
         fail "no worker rank=$r world=2 with run_id=$step_job (the job id)"
 done
+
+step "srun -n2 regroup (two agents on one node): refused, naming the variables"
+set +e
+timeout 60 srun -N1 -n2 -t 2 "$regroup" --rdzv-endpoint=127.0.0.1:"$etcd_port" "$tmp/worker.sh" \
+    >"$tmp/two.out" 2>&1
+rc=$?
+set -e
+sort -u "$tmp/two.out"
+[[ $rc -eq 2 ]] || fail "srun -n2 regroup exited $rc, not 2"
+grep -q 'SLURM_STEP_NUM_TASKS=2, SLURM_STEP_NUM_NODES=1: srun started 2 tasks on 1 nodes' \
+    "$tmp/two.out" || fail "srun -n2 regroup does not say why it refuses"
+! grep -q '^worker ' "$tmp/two.out" || fail "srun -n2 regroup started workers"
+
 echo "test_slurm: ok (job $step_job: rdzv id = the job id, world size 2, exit 0)"
