@@ -5,7 +5,9 @@
 #   srun -N1 -n1 regroup --nproc-per-node=2 --rdzv-endpoint=127.0.0.1:PORT WORKER
 # must give the job id as the rendezvous id (TORCHELASTIC_RUN_ID), Slurm's node count and the
 # node's name as the defaults --print-config shows with their sources, and a world of 2 that
-# exits 0. Every wait is bounded; an EXIT trap stops what it started, by pid, and removes the
+# exits 0; `srun -n2` on one node must be refused; and a batch job requeued after its first
+# checkpoint (sbatch --requeue, scontrol requeue) must come back under its job id, resume
+# from that checkpoint and end with the exact result. Every wait is bounded; an EXIT trap stops what it started, by pid, and removes the
 # temporary directory. Where a daemon cannot start here (no munge or Slurm installed, not
 # root, a daemon that exits), it exits 77 (ctest's SKIP_RETURN_CODE) and says why.
 #   test_slurm.sh BUILD_DIR
@@ -138,7 +140,8 @@ CommunicationParameters=NoInAddrAny
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$munge_sock
+# cred_expire: how long a requeued job waits before it may start again (120 s by default)
+AuthInfo=socket=$munge_sock,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$tmp/state
 SlurmdSpoolDir=$tmp/spool
@@ -249,5 +252,39 @@ sort -u "$tmp/two.out"
 grep -q 'SLURM_STEP_NUM_TASKS=2, SLURM_STEP_NUM_NODES=1: srun started 2 tasks on 1 nodes' \
     "$tmp/two.out" || fail "srun -n2 regroup does not say why it refuses"
 ! grep -q '^worker ' "$tmp/two.out" || fail "srun -n2 regroup started workers"
+
+# A requeued job keeps its job id: its new agents must open the next round of the job that
+# the old ones left, and the workers resume from the last checkpoint.
+rg_exact=$build/examples/rg-exact
+step "sbatch --requeue; scontrol requeue after a checkpoint: the job resumes, exactly"
+cat >"$tmp/requeue.sh" <<EOF
+#!/bin/sh
+echo "batch start restarts=\${SLURM_RESTART_COUNT:-0}"
+REGROUP_CKPT_DIR=$tmp/ckpt exec srun "$regroup" --nproc-per-node=2 \\
+    --rdzv-endpoint=127.0.0.1:$etcd_port --rdzv-conf=last_call_timeout=0.2 \\
+    "$rg_exact" --epochs 300 --ckpt-every 50 --work 20000
+EOF
+chmod +x "$tmp/requeue.sh"
+rjob=$(timeout 20 sbatch --parsable --requeue -N1 -t 5 --open-mode=append \
+       -o "$tmp/requeue.out" "$tmp/requeue.sh") || fail "sbatch"
+up_within 60 "$ctld_pid" "compgen -G '$tmp/ckpt/step-*' >/dev/null" ||
+    { cat "$tmp/requeue.out"; fail "job $rjob wrote no checkpoint in 60 s"; }
+timeout 20 scontrol requeue "$rjob" || fail "scontrol requeue $rjob"
+job_state() {
+    scontrol -o show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'
+}
+ended="COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY"
+for ((i = 0; i < 480; i++)); do
+    [[ $(job_state "$rjob") =~ ^($ended)$ ]] && break
+    sleep 0.5
+done
+grep -E '^batch start|resumed from|^exact=' "$tmp/requeue.out" | sort | uniq -c
+state=$(job_state "$rjob")
+[[ $state == COMPLETED ]] ||
+    { cat "$tmp/requeue.out"; fail "job $rjob is $state, not COMPLETED, 240 s after its requeue"; }
+grep -q '^batch start restarts=1$' "$tmp/requeue.out" || fail "job $rjob was not requeued"
+grep -q 'resumed from step [1-9]' "$tmp/requeue.out" ||
+    fail "job $rjob did not resume from its checkpoint after its requeue"
+grep -q '^exact=1 ' "$tmp/requeue.out" || fail "job $rjob's result is not exact"
 
 echo "test_slurm: ok (job $step_job: rdzv id = the job id, world size 2, exit 0)"
