@@ -21,6 +21,7 @@
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
  * launcher_c10d.c    --rdzv-backend=c10d: serving the rendezvous from the endpoint's host.
+ * launcher_slurm.c   under srun: defaults from the Slurm job step's environment.
  * launcher_status.c  `regroup status`.
  */
 #ifndef REGROUP_LAUNCHER_H
@@ -165,6 +166,12 @@ int  launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_con
  * printing a one-line error naming the bad key. */
 int  launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf);
 void launcher_usage(FILE *out);
+/* Under srun (SLURM_JOB_ID and SLURM_STEP_ID set), fills the settings no flag or REGROUP_*
+ * variable gave from Slurm's variables: rdzv_id from SLURM_JOB_ID, nnodes N:N from
+ * SLURM_STEP_NUM_NODES, local_addr from SLURMD_NODENAME if it resolves (else a note on
+ * stderr). 0 (also when not under srun), or 2 after printing a one-line error naming the
+ * variable. launcher_slurm.c says why. */
+int  launcher_slurm_defaults(rg_agent_params_t *p);
 
 /* ---- CPU binding (launcher_numa.c) ------------------------------------------------------- */
 

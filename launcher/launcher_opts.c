@@ -88,7 +88,9 @@ void launcher_usage(FILE *out)
 "the job through an etcd rendezvous; restarts or regroups them when workers fail, nodes\n"
 "are lost or preempted, or nodes join. Workers get torchrun's environment (RANK,\n"
 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...). Options take '=' or a separate value, and\n"
-"'--nproc_per_node' spellings as well as '--nproc-per-node'.\n"
+"'--nproc_per_node' spellings as well as '--nproc-per-node'. Under srun, --rdzv-id,\n"
+"--nnodes and --local-addr default to Slurm's job id, the step's node count and the\n"
+"node's name (flags and REGROUP_* variables first).\n"
 "\n"
 "  --nnodes=N|MIN:MAX        nodes in the job (default 1)\n"
 "  --nproc-per-node=N|cpu|gpu|auto  workers on this node (default 1); cpu: the usable\n"
@@ -623,6 +625,11 @@ int launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_conf
             p->endpoint[0] = '\0';
             p->from[RG_AGENT_ENDPOINT] = NULL;
         }
+    }
+    /* Under srun, Slurm's values for what none of those gave (launcher_slurm.c). */
+    rc = launcher_slurm_defaults(p);
+    if (rc != 0) {
+        return rc;
     }
     p->argc = argc - i;
     p->argv = argv + i;

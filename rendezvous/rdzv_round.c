@@ -257,9 +257,12 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
         }
         /* The round runs without us: wait to be let in. Below max size, open the next round
          * ourselves too (after registering, so that the closer expects us), rather than
-         * depend on the running agents noticing the waiting key. */
+         * depend on the running agents noticing the waiting key. So too when none of its
+         * members' descriptors is left (their leases were revoked or expired, and no member
+         * finished): nobody is running it to let us in (a whole job preempted, then started
+         * again under the same job id). */
         st = register_waiting(z);
-        if (st == RG_OK && out->n_members < z->p.max_nodes) {
+        if (st == RG_OK && (out->n_members < z->p.max_nodes || n == 0)) {
             st = rdzv_round_advance(z, r);
             *wake_ns = rg_now_ns();
         }

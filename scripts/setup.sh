@@ -9,7 +9,8 @@ pkgs=(build-essential cmake pkg-config clang
       etcd-server etcd-client libcurl4-openssl-dev libjansson-dev
       libucx-dev ucx-utils libzstd-dev zlib1g-dev check
       libopenblas-dev dataset-fashion-mnist
-      iproute2 openssl procps)
+      iproute2 openssl procps
+      slurmctld slurmd slurm-client munge)
 if [[ "${1:-}" == "--bench" ]]; then
     pkgs+=(openmpi-bin libopenmpi-dev python3-torch)
 fi

@@ -146,6 +146,39 @@ START_TEST(test_two_handles_one_process)
 }
 END_TEST
 
+/* Every agent of the job left without finishing (a preempted job, requeued by its scheduler
+ * under the same job id): agents that come back to the job open the next round themselves
+ * rather than wait, as latecomers, to be let in by agents that are gone. */
+START_TEST(test_job_whose_agents_all_left_is_rejoined)
+{
+    joiner_t *j = calloc(2, sizeof(*j));
+    char job[64];
+
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "gone-%d", (int)getpid());
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    join_both(j);
+    ck_assert_int_eq(j[0].a.round, 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+
+    uint64_t t0 = rg_now_ns();
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    join_both(j);
+    ck_assert_int_eq(j[0].a.round, 1);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -153,6 +186,7 @@ static Suite *rdzv_suite(void)
     tcase_add_checked_fixture(tc, up, down);
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_two_handles_one_process);
+    tcase_add_test(tc, test_job_whose_agents_all_left_is_rejoined);
     suite_add_tcase(s, tc);
     return s;
 }
