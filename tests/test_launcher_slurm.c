@@ -24,7 +24,9 @@ static void clear_env(void)
         bool found = false;
         for (char **e = environ; *e != NULL; e++) {
             const char *eq = strchr(*e, '=');
-            if (eq != NULL && (strncmp(*e, "SLURM", 5) == 0 || strncmp(*e, "REGROUP_", 8) == 0) &&
+            if (eq != NULL &&
+                (strncmp(*e, "SLURM", 5) == 0 || strncmp(*e, "REGROUP_", 8) == 0 ||
+                 strncmp(*e, "PET_", 4) == 0) &&
                 (size_t)(eq - *e) < sizeof(name)) {
                 snprintf(name, sizeof(name), "%.*s", (int)(eq - *e), *e);
                 found = true;
@@ -140,6 +142,19 @@ START_TEST(test_flags_and_regroup_variables_beat_slurm)
     setenv("SLURM_STEP_NUM_NODES", "x", 1);
     ck_assert_int_eq(run_cmd("--print-config --rdzv-endpoint=e:1", out, sizeof(out)), 0);
     assert_row(out, "rdzv_id", "mine", "REGROUP_RDZV_ID");
+}
+END_TEST
+
+/* torchrun's PET_* variables are the user's too: they beat Slurm's defaults. */
+START_TEST(test_pet_variables_beat_slurm)
+{
+    char out[4096];
+    set_srun_env("3");
+    setenv("PET_NNODES", "2:3", 1);
+    setenv("PET_RDZV_ID", "petjob", 1);
+    ck_assert_int_eq(run_cmd("--print-config --rdzv-endpoint=etcd1:2379", out, sizeof(out)), 0);
+    assert_row(out, "nnodes", "2:3", "PET_NNODES");
+    assert_row(out, "rdzv_id", "petjob", "PET_RDZV_ID");
 }
 END_TEST
 
@@ -287,6 +302,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_srun_gives_job_id_node_count_and_node_name);
     tcase_add_test(tc, test_flags_and_regroup_variables_beat_slurm);
+    tcase_add_test(tc, test_pet_variables_beat_slurm);
     tcase_add_test(tc, test_batch_script_is_not_under_srun);
     tcase_add_test(tc, test_standalone_under_srun_takes_the_job_id_only);
     tcase_add_test(tc, test_node_name_that_does_not_resolve);
