@@ -7,6 +7,8 @@
  * per op and size:
  *   {"bench":"comm","op":"allreduce","dtype":"f32","bytes":1048576,"ranks":2,"iters":..,
  *    "latency_us":..,"algbw_GBps":..,"busbw_GBps":..,"transport":".."}
+ * Inputs are rank-dependent small integers; the output of the last timed operation is checked
+ * exactly on every rank, and a wrong one ends the bench with exit status 1. Figures are
  * with nccl-tests' definitions: latency = time per operation (the slowest rank's mean),
  * algbw = bytes / latency, busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
  * reduce_scatter (bytes = the whole gathered / scattered buffer), 1 for broadcast.
@@ -78,6 +80,92 @@ typedef struct {
     size_t      bytes;
 } bench_case_t;
 
+/* Element i of buf as a double, and set from one. */
+static double elem_get(const void *buf, rg_dtype_t d, size_t i)
+{
+    switch (d) {
+    case RG_DTYPE_F32: return ((const float *)buf)[i];
+    case RG_DTYPE_F64: return ((const double *)buf)[i];
+    case RG_DTYPE_F16: return rg_f16_to_f32(((const uint16_t *)buf)[i]);
+    case RG_DTYPE_BF16: return rg_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case RG_DTYPE_I32: return ((const int32_t *)buf)[i];
+    case RG_DTYPE_I64: return (double)((const int64_t *)buf)[i];
+    case RG_DTYPE_U8: return ((const uint8_t *)buf)[i];
+    }
+    return 0;
+}
+
+static void elem_set(void *buf, rg_dtype_t d, size_t i, double v)
+{
+    switch (d) {
+    case RG_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+    case RG_DTYPE_F64: ((double *)buf)[i] = v; break;
+    case RG_DTYPE_F16: ((uint16_t *)buf)[i] = rg_f32_to_f16((float)v); break;
+    case RG_DTYPE_BF16: ((uint16_t *)buf)[i] = rg_f32_to_bf16((float)v); break;
+    case RG_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case RG_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case RG_DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    }
+}
+
+/* Rank r's input element i: (r + 1) * (1 + i % 5). Small integers, so every sum over up to
+ * RG_COMM_MAX_SIZE ranks below is exact in every dtype the bench takes (u8 and the 16-bit
+ * floats up to 8 ranks: check_result says so past that). */
+static double input_of(int r, size_t i)
+{
+    return (double)(r + 1) * (double)(1 + i % 5);
+}
+
+/* Fills the inputs of case c on this rank (and the root's broadcast buffer). */
+static void fill_inputs(const bench_case_t *c, int rank, char *in, char *out)
+{
+    size_t n = c->bytes / rg_dtype_size(c->dtype);
+    for (size_t i = 0; i < n; i++) {
+        elem_set(in, c->dtype, i, input_of(rank, i));
+    }
+    if (strcmp(c->op, "broadcast") == 0) {
+        for (size_t i = 0; i < n; i++) {
+            elem_set(out, c->dtype, i, rank == 0 ? input_of(0, i) : -1.0);
+        }
+    }
+}
+
+/* Checks the output of the last timed operation exactly; 0 if right. */
+static int check_result(const bench_case_t *c, int rank, int nranks, const char *out)
+{
+    size_t n = c->bytes / rg_dtype_size(c->dtype);
+    size_t per_rank = n / (size_t)nranks;
+    double ranks_sum = (double)nranks * (nranks + 1) / 2;
+    if ((c->dtype == RG_DTYPE_U8 || c->dtype == RG_DTYPE_F16 || c->dtype == RG_DTYPE_BF16) &&
+        nranks > 8 && strcmp(c->op, "allgather") != 0 && strcmp(c->op, "broadcast") != 0) {
+        fprintf(stderr, "rg-bench-comm: %s sums of %d ranks are not exact: not checked\n",
+                dtype_name(c->dtype), nranks);
+        return 1;
+    }
+    size_t count = strcmp(c->op, "reduce_scatter") == 0 ? per_rank
+                   : strcmp(c->op, "allgather") == 0    ? per_rank * (size_t)nranks
+                                                        : n;
+    for (size_t i = 0; i < count; i++) {
+        double want;
+        if (strcmp(c->op, "allreduce") == 0) {
+            want = ranks_sum * (double)(1 + i % 5);
+        } else if (strcmp(c->op, "reduce_scatter") == 0) {
+            want = ranks_sum * (double)(1 + ((size_t)rank * per_rank + i) % 5);
+        } else if (strcmp(c->op, "allgather") == 0) {
+            want = input_of((int)(i / per_rank), i % per_rank);
+        } else {
+            want = input_of(0, i);
+        }
+        double got = elem_get(out, c->dtype, i);
+        if (got != want) {
+            fprintf(stderr, "rg-bench-comm: rank %d: %s %s %zu B: element %zu is %g, not %g\n",
+                    rank, c->op, dtype_name(c->dtype), c->bytes, i, got, want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Runs the op once; buffers are sized for the largest case. */
 static rg_status_t bench_once(rg_comm_t *comm, const bench_case_t *c, char *in, char *out)
 {
@@ -115,6 +203,7 @@ static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char
     const int rank = rg_comm_rank(comm);
     const int n = rg_comm_size(comm);
     rg_status_t st = RG_OK;
+    fill_inputs(c, rank, in, out);
     /* warm up, then size the loop from one timed pass so every rank agrees on iters */
     for (int i = 0; i < 3 && st == RG_OK; i++) {
         st = bench_once(comm, c, in, out);
@@ -137,6 +226,18 @@ static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char
         st = bench_once(comm, c, in, out);
     }
     double per_op = (now_s() - t0) / (double)iters;
+    /* What was timed must be right: the last operation's output, exactly, on every rank. */
+    double bad = st == RG_OK ? (double)check_result(c, rank, n, out) : 0;
+    if (st == RG_OK) {
+        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &bad, 1, RG_DTYPE_F64, RG_OP_MAX, NULL);
+    }
+    if (st == RG_OK && bad != 0) {
+        if (rank == 0) {
+            fprintf(stderr, "rg-bench-comm: %s %zu B: wrong result on some rank\n", c->op,
+                    c->bytes);
+        }
+        return 1;
+    }
     if (st == RG_OK) {
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &per_op, 1, RG_DTYPE_F64, RG_OP_MAX,
                                NULL);
@@ -232,10 +333,6 @@ int main(int argc, char **argv)
     char *in = malloc(max);
     char *out = malloc(max);
     int rc = in == NULL || out == NULL;
-    if (!rc) {
-        memset(in, 0, max);
-        memset(out, 0, max);
-    }
     char opbuf[256];
     snprintf(opbuf, sizeof(opbuf), "%s", ops);
     for (char *save = NULL, *op = strtok_r(opbuf, ",", &save); op != NULL && rc == 0;
