@@ -192,13 +192,7 @@ static int run_regroup(char *const args[], char *out, size_t cap)
     }
     argv[n] = NULL;
     snprintf(log, sizeof(log), "%s/regroup-%d.log", dir, runs++);
-    int rc = test_run(argv, log, 30000);
-    FILE *f = fopen(log, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t got = fread(out, 1, cap - 1, f);
-    out[got] = '\0';
-    fclose(f);
-    return rc;
+    return test_run_output(argv, log, 30000, out, cap);
 }
 
 #define EP "--rdzv-endpoint", etcd.srv.endpoints, "--rdzv-id", "job1"
@@ -845,24 +839,6 @@ START_TEST(test_torchrun_option_table)
 }
 END_TEST
 
-/* Whether a line of path starts with text (text may end in "\n" to match a whole line). */
-static bool line_starts(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-    if (f == NULL) {
-        return false;
-    }
-    while (!found && getline(&line, &cap, f) >= 0) {
-        found = strncmp(line, text, strlen(text)) == 0;
-    }
-    free(line);
-    fclose(f);
-    return found;
-}
-
 /* Each worker gets torchrun's environment (a script written for torchrun reads it), plus
  * OMP_NUM_THREADS=1 with several workers unless the user set it, as torchrun does. */
 START_TEST(test_worker_environment)
@@ -887,12 +863,12 @@ START_TEST(test_worker_environment)
                                "TORCHELASTIC_ERROR_FILE=", "REGROUP_ETCD_ENDPOINTS=http"};
         snprintf(path, sizeof(path), "%s/env.%d", dir, r);
         for (size_t i = 0; i < RG_ARRAY_SIZE(fixed); i++) {
-            ck_assert_msg(line_starts(path, fixed[i]), "rank %d: no %s", r, fixed[i]);
+            ck_assert_msg(test_file_line_starts(path, fixed[i]), "rank %d: no %s", r, fixed[i]);
         }
         const char *own[] = {"RANK", "LOCAL_RANK", "ROLE_RANK"};
         for (size_t i = 0; i < RG_ARRAY_SIZE(own); i++) {
             snprintf(want, sizeof(want), "%s=%d\n", own[i], r);
-            ck_assert_msg(line_starts(path, want), "rank %d: no %s=%d", r, own[i], r);
+            ck_assert_msg(test_file_line_starts(path, want), "rank %d: no %s=%d", r, own[i], r);
         }
     }
     /* The user's own choice stands. */
@@ -903,7 +879,7 @@ START_TEST(test_worker_environment)
     unsetenv("OMP_NUM_THREADS");
     ck_assert_msg(rc == 0, "%s", out);
     snprintf(path, sizeof(path), "%s/omp.0", dir);
-    ck_assert(line_starts(path, "OMP_NUM_THREADS=3\n"));
+    ck_assert(test_file_line_starts(path, "OMP_NUM_THREADS=3\n"));
 }
 END_TEST
 

@@ -83,13 +83,7 @@ static int run_cmd(const char *args, char *out, size_t cap)
     }
     argv[n] = NULL;
     snprintf(log, sizeof(log), "%s/regroup-%d.log", dir, runs++);
-    int rc = test_run(argv, log, 30000);
-    FILE *f = fopen(log, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t got = fread(out, 1, cap - 1, f);
-    out[got] = '\0';
-    fclose(f);
-    return rc;
+    return test_run_output(argv, log, 30000, out, cap);
 }
 
 /* --print-config has the row setting / value / from. */

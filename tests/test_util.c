@@ -64,7 +64,7 @@ void test_rmtree(const char *path)
 
 /* ---- waiting on a condition ------------------------------------------------------------ */
 
-bool test_file_contains(const char *path, const char *text)
+static bool file_any_line(const char *path, const char *text, bool at_start)
 {
     FILE *f = fopen(path, "r");
     char *line = NULL;
@@ -75,11 +75,21 @@ bool test_file_contains(const char *path, const char *text)
         return false;
     }
     while (!found && getline(&line, &cap, f) >= 0) {
-        found = strstr(line, text) != NULL;
+        found = at_start ? strncmp(line, text, strlen(text)) == 0 : strstr(line, text) != NULL;
     }
     free(line);
     fclose(f);
     return found;
+}
+
+bool test_file_contains(const char *path, const char *text)
+{
+    return file_any_line(path, text, false);
+}
+
+bool test_file_line_starts(const char *path, const char *text)
+{
+    return file_any_line(path, text, true);
 }
 
 void test_wait_file_contains(const char *path, const char *text, int timeout_ms)
@@ -112,6 +122,18 @@ int test_wait_exit(pid_t pid, int timeout_ms)
 int test_run(char *const argv[], const char *log_path, int timeout_ms)
 {
     return test_wait_exit(test_spawn(argv, log_path), timeout_ms);
+}
+
+int test_run_output(char *const argv[], const char *log_path, int timeout_ms, char *out,
+                    size_t cap)
+{
+    int rc = test_run(argv, log_path, timeout_ms);
+    FILE *f = fopen(log_path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", log_path, strerror(errno));
+    size_t got = fread(out, 1, cap - 1, f);
+    out[got] = '\0';
+    fclose(f);
+    return rc;
 }
 
 bool test_pid_gone(pid_t pid, int timeout_ms)

@@ -68,6 +68,8 @@ void test_rmtree(const char *path);
 
 /* True if a line of the file contains text (false if it cannot be read). */
 bool test_file_contains(const char *path, const char *text);
+/* True if a line of the file starts with text; a text ending in "\n" matches a whole line. */
+bool test_file_line_starts(const char *path, const char *text);
 /* Waits until a line of the file contains text; fails the test after timeout_ms. */
 void test_wait_file_contains(const char *path, const char *text, int timeout_ms);
 
@@ -81,6 +83,10 @@ pid_t test_spawn(char *const argv[], const char *log_path);
 int test_wait_exit(pid_t pid, int timeout_ms);
 /* test_spawn + test_wait_exit. */
 int test_run(char *const argv[], const char *log_path, int timeout_ms);
+/* test_run with both streams to log_path, then the first cap - 1 bytes of it into out
+ * (NUL-terminated). Returns the exit status. */
+int test_run_output(char *const argv[], const char *log_path, int timeout_ms, char *out,
+                    size_t cap);
 /* True once pid (any process, not only a child) is gone or a zombie, within timeout_ms. */
 bool test_pid_gone(pid_t pid, int timeout_ms);
 
