@@ -238,6 +238,8 @@ typedef struct {
     const char                 *endpoints;
     const char                 *local_addr;   /* resolved */
     const char                 *log_dir;      /* cfg's, or the temporary one; "" for none */
+    int                         notice_fd;    /* the agent's notice page, inherited by each
+                                                 worker as $REGROUP_NOTICE_FD; -1: none */
 } launcher_spawn_t;
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,

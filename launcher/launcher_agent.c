@@ -11,6 +11,7 @@
 
 #include "etcd_server.h"
 #include "launcher_c10d.h"
+#include "rg_notice.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -40,6 +41,7 @@ typedef struct {
     int                      stop_signal;
     int                      restart_count;
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
+    rg_notice_host_t         notice;         /* the page the workers read (rg_notice.h) */
     char                     endpoints[1024];
     char                     local_addr[256];
     char                     log_dir[512];   /* cfg's, or a temporary one made here */
@@ -62,11 +64,20 @@ static bool read_signals(agent_t *ag, bool *child)
     return stop;
 }
 
+/* The longest the agent sleeps while a round runs: the monitor interval, but short enough
+ * that the workers' view of its heartbeat (renewed each tick while the lease lives) is never
+ * older than a quarter of the lease TTL when all is well. */
+static int64_t agent_tick_ms(const rg_agent_params_t *cfg)
+{
+    return RG_MIN(cfg->monitor_ms, cfg->lease_ttl_s * 1000 / 4);
+}
+
 static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
-                           .local_addr = ag->local_addr, .log_dir = ag->log_dir};
+                           .local_addr = ag->local_addr, .log_dir = ag->log_dir,
+                           .notice_fd = ag->notice.fd};
     rg_status_t st;
 
     rg_log_set_identity(asg->rank_offset, asg->round);
@@ -96,7 +107,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                 pfd[n++] = (struct pollfd){.fd = ag->ws.w[i].err_fd, .events = POLLIN};
             }
         }
-        if (poll(pfd, (nfds_t)n, (int)cfg->monitor_ms) < 0 && errno != EINTR) {
+        if (poll(pfd, (nfds_t)n, (int)agent_tick_ms(cfg)) < 0 && errno != EINTR) {
             ag->error = rg_error(RG_ESYS, "poll: %s", strerror(errno));
             fprintf(stderr, "regroup: %s\n", rg_last_error());
             launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
@@ -142,6 +153,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
         if (st != RG_OK) {
             rg_warn("rendezvous check failed (%s); will look again", rg_last_error());
             continue;
+        }
+        if (change != RG_RDZV_LEASE_LOST) {
+            rg_notice_heartbeat(&ag->notice);   /* still a live member of the job */
         }
         if (change != RG_RDZV_NONE) {
             static const char *const why[] = {"", "a worker failed on another node",
@@ -316,6 +330,11 @@ static rg_status_t agent_main(agent_t *ag)
         ag->ws.run_dir[0] = '\0';
         goto out;
     }
+    st = rg_notice_host_create(&ag->notice, cfg->lease_ttl_s * 1000);
+    if (st != RG_OK) {
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        goto out;
+    }
     rg_rdzv_params_t p = {
         .etcd = launcher_etcd_params(cfg, ag->endpoints),
         .job = cfg->job,
@@ -346,6 +365,7 @@ static rg_status_t agent_main(agent_t *ag)
     }
 out:
     rg_rdzv_destroy(ag->rdzv);
+    rg_notice_host_destroy(&ag->notice);
     if (etcd != NULL) {
         /* The rendezvous this agent serves outlives its own part of the job until the other
          * agents have left (torchrun's exit barrier), unless a signal stopped this agent. */
@@ -385,6 +405,7 @@ rg_status_t rg_agent_run(const rg_agent_params_t *cfg, rg_agent_result_t *result
     }
     ag->cfg = cfg;
     ag->sigfd = -1;
+    ag->notice.fd = -1;
     /* Signals arrive through the signalfd; block them before any thread starts so that
      * every thread (curl's, the lease keeper's, the watch's) inherits the mask. */
     sigemptyset(&block);

@@ -4,6 +4,7 @@
  * through pipes, so the agent can log them, tee them and keep the last lines of stderr.
  */
 #include "launcher.h"
+#include "rg_notice.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -113,6 +114,9 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     env_add(e, "REGROUP_JOB_ID", "%s", cfg->job);
     env_add(e, "REGROUP_ROUND", "%d", a->round);
     env_add(e, "REGROUP_NODE_ADDR", "%s", sp->local_addr);
+    if (sp->notice_fd >= 0) {
+        env_add(e, RG_NOTICE_ENV, "%d", sp->notice_fd);
+    }
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
@@ -153,7 +157,7 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
 /* In the child, between fork and exec: async-signal-safe calls only. If exec fails, its errno
  * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
 static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
-                       const sigset_t *child_mask, const cpu_set_t *cpus)
+                       const sigset_t *child_mask, const cpu_set_t *cpus, int notice_fd)
 {
     int e;
 
@@ -172,6 +176,9 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_
     }
     dup2(out_w, STDOUT_FILENO);
     dup2(err_w, STDERR_FILENO);
+    if (notice_fd >= 0) {
+        fcntl(notice_fd, F_SETFD, 0);   /* the one descriptor of the agent's a worker keeps */
+    }
     execvpe(args[0], args, envp);
     e = errno;
     if (write(exec_w, &e, sizeof(e)) < 0) {
@@ -331,7 +338,7 @@ static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher
         w->pid = fork();
         if (w->pid == 0) {
             child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
-                       w->bind ? &w->cpus : NULL);
+                       w->bind ? &w->cpus : NULL, sp->notice_fd);
         }
         env_free(&env);
         if (w->pid < 0) {

@@ -1,9 +1,15 @@
 /* common/: status strings, the error slot, the bounded buffer, deadlines. */
 #include "test_util.h"
 
+#include "rg_notice.h"
+
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 START_TEST(test_status_strings)
 {
@@ -53,6 +59,68 @@ START_TEST(test_deadline)
 }
 END_TEST
 
+/* The agent's notice page as a worker sees it: in another process, through the inherited
+ * descriptor named by REGROUP_NOTICE_FD. The child exits 0 when everything it checks holds. */
+static int notice_child(int expect_kind, int64_t expect_deadline)
+{
+    rg_notice_view_t v;
+    rg_notice_snap_t snap;
+    if (rg_notice_view_open(&v) != RG_OK || v.page == NULL) {
+        return 1;
+    }
+    if (!rg_notice_read(&v, &snap) || snap.kind != expect_kind ||
+        snap.deadline_ms != expect_deadline || snap.round != 7 ||
+        strcmp(snap.reason, "spot instance-action") != 0 || snap.seq != 1) {
+        return 2;
+    }
+    int64_t now = rg_notice_now_ms();
+    if (rg_notice_lease_ttl_ms(&v) != 2000 || rg_notice_heartbeat_age_ms(&v, now) < 0 ||
+        rg_notice_heartbeat_age_ms(&v, now + 5000) <= rg_notice_lease_ttl_ms(&v)) {
+        return 3;
+    }
+    rg_notice_view_close(&v);
+    return 0;
+}
+
+START_TEST(test_notice_page)
+{
+    rg_notice_host_t h;
+    rg_notice_view_t v;
+    char fd_s[16];
+    int status;
+
+    unsetenv(RG_NOTICE_ENV);
+    ck_assert_int_eq(rg_notice_view_open(&v), RG_OK);   /* not under regroup: no page */
+    ck_assert_ptr_null(v.page);
+    ck_assert_int_eq(rg_notice_heartbeat_age_ms(&v, 0), -1);
+    ck_assert_int_eq(rg_notice_host_create(&h, 0), RG_EINVAL);
+    ck_assert_int_eq(rg_notice_host_create(&h, 2000), RG_OK);
+    int64_t deadline = rg_notice_now_ms() + 120000;
+    rg_notice_post(&h, RG_NOTICE_KIND_PREEMPT, 7, deadline, "spot instance-action");
+    snprintf(fd_s, sizeof(fd_s), "%d", h.fd);
+    setenv(RG_NOTICE_ENV, fd_s, 1);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        _exit(notice_child(RG_NOTICE_KIND_PREEMPT, deadline));
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %d", status);
+    /* Malformed names are refused, naming the variable. */
+    setenv(RG_NOTICE_ENV, "x3", 1);
+    ck_assert_int_eq(rg_notice_view_open(&v), RG_EINVAL);
+    ck_assert_ptr_nonnull(strstr(rg_last_error(), RG_NOTICE_ENV));
+    int devnull = open("/dev/null", O_RDONLY);
+    snprintf(fd_s, sizeof(fd_s), "%d", devnull);
+    setenv(RG_NOTICE_ENV, fd_s, 1);
+    ck_assert_int_eq(rg_notice_view_open(&v), RG_EINVAL);
+    close(devnull);
+    unsetenv(RG_NOTICE_ENV);
+    rg_notice_host_destroy(&h);
+    rg_notice_host_destroy(&h);   /* idempotent */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
@@ -61,6 +129,7 @@ int main(void)
     tcase_add_test(tc, test_error_slot);
     tcase_add_test(tc, test_dbuf_limit);
     tcase_add_test(tc, test_deadline);
+    tcase_add_test(tc, test_notice_page);
     suite_add_tcase(s, tc);
     return test_main("test_common", s, NULL);
 }

@@ -849,7 +849,9 @@ START_TEST(test_worker_environment)
     unsetenv("OMP_NUM_THREADS");
     int rc = run_regroup((char *[]){"--standalone", "--nproc-per-node=2", "--max-restarts=2",
                                     "--rdzv-id=envjob", "/bin/sh", "-c",
-                                    "env > \"$RG_TEST_DIR/env.$LOCAL_RANK\"", NULL},
+                                    "f=\"$RG_TEST_DIR/env.$LOCAL_RANK\"; env > \"$f\"; "
+                                    "test -e /proc/$$/fd/$REGROUP_NOTICE_FD && "
+                                    "echo notice-page-open >> \"$f\"", NULL},
                          out, sizeof(out));
     ck_assert_msg(rc == 0, "%s", out);
     for (int r = 0; r < 2; r++) {
@@ -860,7 +862,9 @@ START_TEST(test_worker_environment)
                                "TORCHELASTIC_MAX_RESTARTS=2\n",
                                "TORCHELASTIC_RUN_ID=envjob\n", "REGROUP_JOB_ID=envjob\n",
                                "REGROUP_ROUND=0\n", "OMP_NUM_THREADS=1\n", "MASTER_PORT=",
-                               "TORCHELASTIC_ERROR_FILE=", "REGROUP_ETCD_ENDPOINTS=http"};
+                               "TORCHELASTIC_ERROR_FILE=", "REGROUP_ETCD_ENDPOINTS=http",
+                               /* the agent's notice page, inherited open (rg_notice.h) */
+                               "REGROUP_NOTICE_FD=", "notice-page-open\n"};
         snprintf(path, sizeof(path), "%s/env.%d", dir, r);
         for (size_t i = 0; i < RG_ARRAY_SIZE(fixed); i++) {
             ck_assert_msg(test_file_line_starts(path, fixed[i]), "rank %d: no %s", r, fixed[i]);

@@ -6,6 +6,7 @@
  */
 #include "rdzv_keys.h"
 #include "rg_common.h"
+#include "rg_notice.h"
 
 #include <regroup/etcd.h>
 #include <regroup/train.h>
@@ -38,7 +39,13 @@ struct rg_train_ctx {
     rg_ckpt_save_t  *save;           /* the checkpoint in flight, if any */
     int64_t          save_step;
     uint64_t         last_progress_ns;
+    rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
+    rg_notice_t      agreed;         /* what the last rg_report agreed on */
+    uint64_t         agreed_ns;      /* when */
 };
+
+_Static_assert(RG_NOTICE_PREEMPT == (int)RG_NOTICE_KIND_PREEMPT &&
+               RG_NOTICE_MEMBERS == (int)RG_NOTICE_KIND_MEMBERS, "notice kinds");
 
 static rg_status_t env_int(const char *name, int lo, int hi, int dflt, int *out)
 {
@@ -102,6 +109,10 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
         goto err;
     }
 
+    st = rg_notice_view_open(&ctx->notice);
+    if (st != RG_OK) {
+        goto err;
+    }
     st = rg_etcd_create(&env->etcd, &ctx->etcd); /* TLS files and user from the launcher */
     if (st != RG_OK) {
         goto err;
@@ -195,6 +206,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
     rg_etcd_destroy(ctx->etcd);
+    rg_notice_view_close(&ctx->notice);
     free(ctx);
 }
 
@@ -278,23 +290,83 @@ static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
     return RG_OK;
 }
 
-rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
-                      const rg_train_state_t *state)
+/* Whether this worker's agent is still a live member of the job: RG_ELEASE once its
+ * heartbeat is older than the lease TTL (stopped, hung, or cut from etcd: the others have
+ * regrouped or will regroup without this node, so nothing it computes may count). */
+static rg_status_t check_agent(const rg_train_ctx_t *ctx)
+{
+    int64_t age = rg_notice_heartbeat_age_ms(&ctx->notice, rg_notice_now_ms());
+    int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
+    if (ctx->notice.page != NULL && age > ttl) {
+        return rg_error(RG_ELEASE, "this worker's agent has not renewed its membership for "
+                        "%lld ms (lease TTL %lld ms): the job goes on without this node",
+                        (long long)age, (long long)ttl);
+    }
+    return RG_OK;
+}
+
+/*
+ * The step boundary's agreement on notices: one small allreduce, no etcd. Each rank puts in
+ * what its agent's page says now; every rank gets the union of the kinds and the least time
+ * left, so all see a notice at the same step even though the agents post it at different
+ * times. RG_EMEMBERS when any kind is set (*ctx->agreed says which); the group's errors.
+ */
+static rg_status_t agree_notice(rg_train_ctx_t *ctx)
+{
+    rg_notice_snap_t snap;
+    int64_t v[3] = {0, 0, INT64_MIN};   /* preempt, members, -(ms left) */
+    rg_status_t st;
+
+    if (rg_notice_read(&ctx->notice, &snap) && snap.kind != RG_NOTICE_KIND_NONE) {
+        v[snap.kind == RG_NOTICE_KIND_PREEMPT ? 0 : 1] = 1;
+        if (snap.deadline_ms > 0) {
+            v[2] = -RG_MAX(snap.deadline_ms - rg_notice_now_ms(), 0);
+        }
+    }
+    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 3, RG_DTYPE_I64, RG_OP_MAX, NULL);
+    if (st != RG_OK) {
+        return st;
+    }
+    ctx->agreed = (rg_notice_t){.kinds = (v[0] ? 1u << RG_NOTICE_PREEMPT : 0) |
+                                         (v[1] ? 1u << RG_NOTICE_MEMBERS : 0),
+                                .ms_left = v[2] == INT64_MIN ? -1 : -v[2]};
+    ctx->agreed_ns = rg_now_ns();
+    if (ctx->agreed.kinds == 0) {
+        return RG_OK;
+    }
+    if (snap.kind != RG_NOTICE_KIND_NONE) {
+        rg_info("notice at step boundary: %s (%lld ms left)", snap.reason,
+                (long long)ctx->agreed.ms_left);
+    }
+    return rg_error(RG_EMEMBERS, "a notice at this step: %s%s%s (%lld ms left)",
+                    ctx->agreed.kinds & (1u << RG_NOTICE_PREEMPT) ? "a member leaves" : "",
+                    ctx->agreed.kinds == ((1u << RG_NOTICE_PREEMPT) |
+                                          (1u << RG_NOTICE_MEMBERS)) ? ", " : "",
+                    ctx->agreed.kinds & (1u << RG_NOTICE_MEMBERS) ? "the membership changes"
+                                                                  : "",
+                    (long long)ctx->agreed.ms_left);
+}
+
+rg_status_t rg_train_notice(const rg_train_ctx_t *ctx, rg_notice_t *notice)
+{
+    if (ctx == NULL || notice == NULL) {
+        return rg_error(RG_EINVAL, "rg_train_notice: NULL argument");
+    }
+    *notice = ctx->agreed;
+    if (notice->ms_left >= 0) {
+        int64_t since = (int64_t)((rg_now_ns() - ctx->agreed_ns) / 1000000ull);
+        notice->ms_left = RG_MAX(notice->ms_left - since, 0);
+    }
+    return RG_OK;
+}
+
+/* rg_report's progress and checkpoint. */
+static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
+                               const rg_train_state_t *state)
 {
     rg_status_t st = RG_OK;
     rg_status_t prev;
 
-    if (ctx == NULL || report == NULL || report->n_metrics > RG_TRAIN_MAX_METRICS ||
-        (report->n_metrics > 0 && report->metrics == NULL) || report->step < 0) {
-        return rg_error(RG_EINVAL, "rg_report: bad arguments");
-    }
-    for (size_t i = 0; i < report->n_metrics; i++) {
-        if (!metric_name_ok(report->metrics[i].name)) {
-            return rg_error(RG_EINVAL, "rg_report: metric name '%s' is not 1-64 characters of "
-                            "[A-Za-z0-9_.-]", report->metrics[i].name ? report->metrics[i].name
-                                                                       : "(null)");
-        }
-    }
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
         (void)publish_progress(ctx, report);
@@ -339,6 +411,37 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     }
     ctx->save_step = report->step;
     return prev != RG_OK ? prev : RG_OK;
+}
+
+rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
+                      const rg_train_state_t *state)
+{
+    rg_status_t st;
+    rg_status_t nt;
+
+    if (ctx == NULL || report == NULL || report->n_metrics > RG_TRAIN_MAX_METRICS ||
+        (report->n_metrics > 0 && report->metrics == NULL) || report->step < 0) {
+        return rg_error(RG_EINVAL, "rg_report: bad arguments");
+    }
+    for (size_t i = 0; i < report->n_metrics; i++) {
+        if (!metric_name_ok(report->metrics[i].name)) {
+            return rg_error(RG_EINVAL, "rg_report: metric name '%s' is not 1-64 characters of "
+                            "[A-Za-z0-9_.-]", report->metrics[i].name ? report->metrics[i].name
+                                                                       : "(null)");
+        }
+    }
+    st = check_agent(ctx);
+    if (st != RG_OK) {
+        return st;
+    }
+    st = report_step(ctx, report, state);
+    if (ctx->notice.page == NULL) {
+        return st;
+    }
+    /* Every rank takes part in the agreement whatever its own report gave, so that the
+     * ranks stay in step; the report's own failure comes first. */
+    nt = agree_notice(ctx);
+    return st != RG_OK ? st : nt;
 }
 
 /* Rank 0's choice, shared with every rank. */

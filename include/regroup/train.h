@@ -120,11 +120,42 @@ typedef struct {
  *
  * A failed background checkpoint is logged when it is found, and returned by the next call
  * that finds it ended (with or without state; a call with state still starts its own save).
+ *
+ * The step boundary. Under the regroup launcher the call is collective, with or without
+ * state: every rank calls it once per step, at the same steps. It first checks that this
+ * worker's agent is still a live member of the job (a local read: RG_ELEASE once the agent
+ * has not renewed its membership for a lease TTL, stopped, hung or cut from etcd; the
+ * worker must stop, since the job goes on without its node). After the progress and the
+ * checkpoint it agrees with the other ranks on the notices their agents posted (one
+ * 24-byte allreduce, no etcd): when some agent posted one, every rank gets RG_EMEMBERS at
+ * the same step, and rg_train_notice says which kinds and how much time is left. The notice
+ * stays until its agent clears it, so each call returns it again until then. Outside the
+ * launcher (no notice page) the call is not collective without state, as before.
+ *
  * Returns RG_EINVAL (bad report: more than RG_TRAIN_MAX_METRICS metrics, a name that is not
- * 1-64 characters of [A-Za-z0-9_.-], step < 0), that failure, or rg_ckpt_save's errors.
+ * 1-64 characters of [A-Za-z0-9_.-], step < 0), RG_ELEASE, the checkpoint's failure or
+ * rg_ckpt_save's errors (these before a notice), RG_EMEMBERS, or the agreement's group
+ * errors (RG_EPEER, RG_ETIMEDOUT).
  */
 rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
                       const rg_train_state_t *state) RG_TRAIN_NODISCARD;
+
+/* What an agent can tell its workers, in rg_notice_t.kinds as (1u << kind). */
+typedef enum {
+    RG_NOTICE_NONE    = 0,
+    RG_NOTICE_PREEMPT = 1,   /* a member leaves on purpose (a preemption, SIGTERM) */
+    RG_NOTICE_MEMBERS = 2,   /* a planned membership change (a join, a ready replacement) */
+} rg_notice_kind_t;
+
+typedef struct {
+    unsigned kinds;     /* bits (1u << rg_notice_kind_t) of what some rank's agent posted */
+    int64_t  ms_left;   /* the least time left over the ranks, now; -1: no deadline */
+} rg_notice_t;
+
+/* The notices the last rg_report agreed on: the same kinds on every rank (kinds 0 when
+ * none); ms_left counts down from the agreement. Never blocks, not collective. RG_EINVAL on
+ * NULL. */
+rg_status_t rg_train_notice(const rg_train_ctx_t *ctx, rg_notice_t *notice) RG_TRAIN_NODISCARD;
 
 /* Collective. The newest committed checkpoint (one with a MANIFEST): rank 0 lists the
  * checkpoint root and broadcasts its step to every rank, so that all get the same *step_p.

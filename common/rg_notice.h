@@ -1,0 +1,103 @@
+/*
+ * The notice page: what an agent tells the workers of its node, without a system call on
+ * the workers' side.
+ *
+ * One page per agent, in a memfd (no name in /dev/shm, so nothing is left behind however the
+ * agent ends). The agent maps it read-write and is its only writer; each worker inherits the
+ * descriptor (REGROUP_NOTICE_FD names it), maps it read-only and closes it. Two things live
+ * there:
+ *
+ *   - the agent's heartbeat: CLOCK_MONOTONIC milliseconds (the same clock in every process
+ *     of a machine), renewed by the agent while it is a live member of the job (its lease is
+ *     alive). A worker that finds it older than lease_ttl_ms knows its agent is stopped, hung
+ *     or cut from etcd: the job has regrouped or will regroup without it.
+ *   - the current notice: a kind, the time by which the workers must have acted on it
+ *     (deadline_ms on the same clock, 0 = none), the round it is about, and a reason for the
+ *     log. The agent writes the fields, then increments seq (release); a reader loads seq
+ *     (acquire), the fields, then seq again, and retries if it moved (a seqlock, bounded).
+ *
+ * The page carries facts, never decisions: what a worker does on a notice is the worker API's
+ * business (rg_report and rg_train_notice in <regroup/train.h>).
+ */
+#ifndef REGROUP_NOTICE_H
+#define REGROUP_NOTICE_H
+
+#include "rg_common.h"
+
+#include <stdatomic.h>
+
+#define RG_NOTICE_ENV     "REGROUP_NOTICE_FD"
+#define RG_NOTICE_MAGIC   0x52474e54u   /* "RGNT" */
+#define RG_NOTICE_VERSION 1u
+#define RG_NOTICE_REASON_MAX 128
+
+/* What the agent tells its workers. Also the public rg_notice_kind_t (<regroup/train.h>):
+ * the values must stay equal. */
+typedef enum {
+    RG_NOTICE_KIND_NONE    = 0,  /* nothing pending */
+    RG_NOTICE_KIND_PREEMPT = 1,  /* this node (or another member) leaves by deadline_ms */
+    RG_NOTICE_KIND_MEMBERS = 2,  /* a planned membership change: a join, a ready replacement */
+} rg_notice_kind_internal_t;
+
+typedef struct {
+    uint32_t         magic;
+    uint32_t         version;
+    uint32_t         lease_ttl_ms;     /* set once at creation */
+    uint32_t         pad;
+    _Atomic uint64_t heartbeat_ms;     /* CLOCK_MONOTONIC ms of the agent's last renewal */
+    _Atomic uint64_t seq;              /* incremented after each notice is written */
+    _Atomic int32_t  kind;
+    _Atomic int32_t  round;
+    _Atomic int64_t  deadline_ms;      /* CLOCK_MONOTONIC ms; 0 = none */
+    char             reason[RG_NOTICE_REASON_MAX];   /* NUL-terminated, for logs */
+} rg_notice_page_t;
+
+/* A consistent copy of the current notice. */
+typedef struct {
+    uint64_t seq;                      /* 0: no notice was ever posted */
+    int      kind;
+    int      round;
+    int64_t  deadline_ms;
+    char     reason[RG_NOTICE_REASON_MAX];
+} rg_notice_snap_t;
+
+/* ---- the agent's side ------------------------------------------------------------------ */
+
+typedef struct {
+    int               fd;     /* the memfd, close-on-exec; a worker gets it in the child */
+    rg_notice_page_t *page;
+} rg_notice_host_t;
+
+/* Creates the page with the lease TTL the workers measure the heartbeat against, and a first
+ * heartbeat. RG_ESYS names the failing call. */
+rg_status_t rg_notice_host_create(rg_notice_host_t *h, int64_t lease_ttl_ms) RG_NODISCARD;
+void        rg_notice_host_destroy(rg_notice_host_t *h);    /* accepts a zeroed host */
+/* Renews the heartbeat: now. */
+void        rg_notice_heartbeat(rg_notice_host_t *h);
+/* Posts a notice (kind RG_NOTICE_KIND_NONE clears the current one); deadline_ms is an
+ * absolute CLOCK_MONOTONIC time in ms, or 0; reason may be NULL. Never blocks. */
+void        rg_notice_post(rg_notice_host_t *h, int kind, int round, int64_t deadline_ms,
+                           const char *reason);
+
+/* ---- the worker's side ----------------------------------------------------------------- */
+
+typedef struct {
+    const rg_notice_page_t *page;     /* NULL: no agent page (not under regroup) */
+} rg_notice_view_t;
+
+/* Maps the page named by $REGROUP_NOTICE_FD read-only and closes the descriptor. No variable:
+ * RG_OK with view->page NULL. RG_EINVAL: a malformed variable, or a descriptor that is not a
+ * page of this version. */
+rg_status_t rg_notice_view_open(rg_notice_view_t *v) RG_NODISCARD;
+void        rg_notice_view_close(rg_notice_view_t *v);      /* accepts a zeroed view */
+/* A consistent copy of the current notice; false (snap zeroed) without a page. */
+bool        rg_notice_read(const rg_notice_view_t *v, rg_notice_snap_t *snap);
+/* Milliseconds since the agent's last heartbeat, now_ms being CLOCK_MONOTONIC ms; -1
+ * without a page. */
+int64_t     rg_notice_heartbeat_age_ms(const rg_notice_view_t *v, int64_t now_ms);
+int64_t     rg_notice_lease_ttl_ms(const rg_notice_view_t *v);   /* 0 without a page */
+
+/* CLOCK_MONOTONIC in ms: the page's clock. */
+int64_t     rg_notice_now_ms(void);
+
+#endif
