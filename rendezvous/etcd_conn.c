@@ -209,6 +209,12 @@ rg_status_t etcd_error_from_reply(const char *url, const char *path, long http,
         st = RG_EAUTH;
     } else if (http == 403 || strstr(text, "permission denied") != NULL) {
         st = RG_EPERM;
+    } else if (strstr(text, "already exists") != NULL) {
+        /* "user name already exists", "role name already exists" (auth administration) */
+        st = RG_EEXIST;
+    } else if (strstr(text, "user name not found") != NULL ||
+               strstr(text, "role name not found") != NULL) {
+        st = RG_ENOENT;
     } else if (http == 503 || http == 502 || http == 504 || http == 408) {
         st = RG_EAGAIN;
     } else {
@@ -417,6 +423,14 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
         }
         if (st == RG_OK && http != 200) {
             st = etcd_error_from_reply(conn->urls[i], path, http, conn->resp.data);
+            if (st == RG_EPERM) {
+                /* etcd does not say which key it refused: the request does. */
+                char keys[ETCD_MAX_DESCRIBE];
+                etcd_describe_keys(body, keys, sizeof(keys));
+                st = rg_error(RG_EPERM, "etcd %s: %s: permission denied on %s%s%s",
+                              conn->urls[i], path, keys, conn->user ? " for user " : "",
+                              conn->user ? conn->user : "");
+            }
         }
         if (st == RG_OK) {
             json_error_t jerr;
