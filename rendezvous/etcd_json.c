@@ -348,7 +348,12 @@ void etcd_describe_keys(const json_t *body, char *out, size_t cap)
     } else {
         describe_txn(body, list, sizeof(list), &n, &ranged, 0);
     }
-    if (n == 0) {
+    if (n == 0 && json_object_get(body, "ID") != NULL) {
+        /* A lease revoke: etcd checks the keys attached to the lease. */
+        int64_t id = 0;
+        etcd_json_i64(body, "ID", &id);
+        snprintf(out, cap, "the keys attached to lease %llx", (unsigned long long)id);
+    } else if (n == 0) {
         snprintf(out, cap, "the request's keys");
     } else {
         /* etcd refuses a txn as a whole: any of its ranges may be the one. */

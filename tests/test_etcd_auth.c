@@ -151,6 +151,19 @@ START_TEST(test_job_user_refused_on_other_jobs_keys)
                                       0, &w),
                  "/v3/watch: permission denied on keys /regroup/B/*", "for user regroup-A");
     ck_assert_ptr_null(w);
+    /* B's agent's lease: A cannot revoke it (etcd checks the keys attached to it). */
+    rg_etcd_t *b = client_as("regroup-B", "pw-b");
+    int64_t lease_b;
+    ck_assert_int_eq(rg_etcd_lease_grant(b, 30, 0, &lease_b, NULL), RG_OK);
+    ck_assert_int_eq(rg_etcd_put_str(b, "/regroup/B/rounds/3/nodes/x", "{}", lease_b, 0, NULL),
+                     RG_OK);
+    char lease_text[80];
+    snprintf(lease_text, sizeof(lease_text), "the keys attached to lease %llx",
+             (unsigned long long)lease_b);
+    EXPECT_EPERM(rg_etcd_lease_revoke(a, lease_b, 0), lease_text, "/v3/lease/revoke");
+    ck_assert_int_eq(rg_etcd_get(b, "/regroup/B/rounds/3/nodes/x", 0, &v, &len, NULL), RG_OK);
+    free(v);
+    rg_etcd_destroy(b);
     /* Nothing of B's changed. */
     ck_assert_int_eq(rg_etcd_get(root, "/regroup/B/round", 0, &v, &len, NULL), RG_OK);
     ck_assert_str_eq(v, "3");
