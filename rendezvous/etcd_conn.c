@@ -199,7 +199,15 @@ rg_status_t etcd_error_from_reply(const char *url, const char *path, long http,
             *c = ' ';
         }
     }
-    if (strstr(text, "compacted") != NULL) {
+    if (strstr(text, "CommonName of client sending a request against gateway") != NULL) {
+        /* etcd 3.4.2x with auth on and client certificates required: the JSON gateway
+         * refuses any client certificate that has a CommonName (it cannot pass the name on
+         * as the user). */
+        json_decref(j);
+        return rg_error(RG_EAUTH, "etcd %s: %s: HTTP %ld: %s (with auth on, etcd's JSON "
+                        "gateway takes only client certificates without a CommonName: use "
+                        "one, with a user and password)", url, path, http, text);
+    } else if (strstr(text, "compacted") != NULL) {
         st = RG_ECOMPACTED;
     } else if (strstr(text, "lease not found") != NULL) {
         st = RG_ELEASE;
