@@ -280,6 +280,20 @@ START_TEST(test_grant_command)
     EXPECT_EPERM(rg_etcd_put_str(a, "/regroup/B/k", "v", 0, 0, NULL), "key /regroup/B/k");
     rg_etcd_destroy(a);
 
+    /* The agent's password_file is held to the same rule, and named as its source gave it. */
+    char conf[600];
+    char log[400];
+    snprintf(conf, sizeof(conf), "--rdzv-conf=user=regroup-A,password_file=%s", open_pw);
+    snprintf(log, sizeof(log), "%s/open-conf.log", dir);
+    char *print_argv[] = {REGROUP_BIN, "--print-config", conf, NULL};
+    ck_assert_int_eq(test_run_output(print_argv, log, 30000, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "--rdzv-conf password_file") != NULL &&
+                  strstr(out, "other users may read it") != NULL, "%s", out);
+    snprintf(conf, sizeof(conf), "--rdzv-conf=user=regroup-A,password_file=%s", pw);
+    snprintf(log, sizeof(log), "%s/conf.log", dir);
+    ck_assert_int_eq(test_run_output(print_argv, log, 30000, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "pw-a") == NULL, "--print-config shows the password: %s", out);
+
     /* A wrong administrator password: refused by etcd, said so. */
     write_secret("root.pw", "wrong\n", 0600, root_pw, sizeof(root_pw));
     ck_assert_int_eq(grant_cmd("A", pw, NULL, out, sizeof(out)), 1);
