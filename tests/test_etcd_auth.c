@@ -123,6 +123,13 @@ START_TEST(test_job_user_refused_on_other_jobs_keys)
     EXPECT_EPERM(rg_etcd_range(a, &(rg_etcd_range_req_t){.key = "/regroup/B/", .prefix = true},
                                0, &r),
                  "permission denied on keys /regroup/B/*");
+    EXPECT_EPERM(rg_etcd_range(a, &(rg_etcd_range_req_t){.key = "/regroup/B/a",
+                                                          .range_end = "/regroup/B/z"},
+                               0, &r),
+                 "permission denied on keys [/regroup/B/a, /regroup/B/z)");
+    EXPECT_EPERM(rg_etcd_range(a, &(rg_etcd_range_req_t){.key = "/regroup/A/", .range_end = ""},
+                               0, &r),
+                 "permission denied on keys /regroup/A/ and after");
     /* A job whose id starts with A's is another job. */
     EXPECT_EPERM(rg_etcd_get(a, "/regroup/AB/round", 0, &v, &len, NULL),
                  "key /regroup/AB/round");
