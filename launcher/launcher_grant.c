@@ -158,8 +158,8 @@ int launcher_grant_main(int argc, char **argv)
         } else if (strcmp(name, "--admin-password-file") == 0) {
             admin_pw_file = v + 1;
         } else if (strcmp(name, "--password") == 0 || strcmp(name, "--admin-password") == 0) {
-            fprintf(stderr, "regroup etcd-grant: %s: passwords are read from files only (%s-file)\n",
-                    name, name);
+            fprintf(stderr, "regroup etcd-grant: %s: passwords are read from files only "
+                    "(%s-file)\n", name, name);
             return 2;
         } else if (strcmp(name, "--rdzv-conf") == 0) {
             if (launcher_parse_rdzv_conf(&cfg, v + 1) != 0) {
@@ -221,7 +221,8 @@ int launcher_grant_main(int argc, char **argv)
     memset(cfg.password, 0, sizeof(cfg.password));
     if (st != RG_OK) {
         fprintf(stderr, "regroup etcd-grant: %s\n", rg_last_error());
-        if (st == RG_EAUTH && strstr(rg_last_error(), "auth not enabled") != NULL) {
+        if (st == RG_EAUTH &&
+            strstr(rg_last_error(), "authentication is not enabled") != NULL) {
             fprintf(stderr, "regroup etcd-grant: enable etcd's authentication first "
                     "(etcdctl user add root; etcdctl auth enable)\n");
         }

@@ -170,7 +170,7 @@ rg_status_t rg_etcd_grant_prefix(rg_etcd_t *admin, const rg_etcd_grant_req_t *re
         out.user_created = true;
     }
     if (st != RG_OK) {
-        return rg_error_wrap(st, "etcd grant: user %s", req->user);
+        return rg_error_wrap(st, "etcd grant: adding user %s", req->user);
     }
 
     st = auth_call(admin, "/v3/auth/role/add", json_pack("{s:s}", "name", req->role),
@@ -178,7 +178,7 @@ rg_status_t rg_etcd_grant_prefix(rg_etcd_t *admin, const rg_etcd_grant_req_t *re
     if (st == RG_OK) {
         out.role_created = true;
     } else if (st != RG_EEXIST) {
-        return rg_error_wrap(st, "etcd grant: role %s", req->role);
+        return rg_error_wrap(st, "etcd grant: adding role %s", req->role);
     }
 
     perm = prefix_perm(req->prefix, &st);
@@ -194,7 +194,7 @@ rg_status_t rg_etcd_grant_prefix(rg_etcd_t *admin, const rg_etcd_grant_req_t *re
     }
     json_decref(perm);
     if (st != RG_OK) {
-        return rg_error_wrap(st, "etcd grant: role %s on %s*", req->role, req->prefix);
+        return rg_error_wrap(st, "etcd grant: granting role %s %s*", req->role, req->prefix);
     }
 
     st = auth_call(admin, "/v3/auth/user/grant",
@@ -205,7 +205,8 @@ rg_status_t rg_etcd_grant_prefix(rg_etcd_t *admin, const rg_etcd_grant_req_t *re
                          sizeof(out.other_roles));
     }
     if (st != RG_OK) {
-        return rg_error_wrap(st, "etcd grant: role %s to user %s", req->role, req->user);
+        return rg_error_wrap(st, "etcd grant: granting role %s to user %s", req->role,
+                             req->user);
     }
     *res = out;
     return RG_OK;

@@ -301,6 +301,23 @@ START_TEST(test_grant_command)
     ck_assert_int_eq(test_run_output(print_argv, log, 30000, out, sizeof(out)), 0);
     ck_assert_msg(strstr(out, "pw-a") == NULL, "--print-config shows the password: %s", out);
 
+    /* An etcd without auth: nothing to grant, and the command says what to do first. */
+    test_etcd_t plain;
+    test_etcd_up(&plain, NULL);
+    char ep[600];
+    char af[500];
+    char pf[500];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", plain.srv.endpoints);
+    snprintf(af, sizeof(af), "--admin-password-file=%s", root_pw);
+    snprintf(pf, sizeof(pf), "--password-file=%s", pw);
+    snprintf(log, sizeof(log), "%s/grant-plain.log", dir);
+    char *plain_argv[] = {REGROUP_BIN, "etcd-grant", ep, "--rdzv-id=A", pf, af, NULL};
+    int rc = test_run_output(plain_argv, log, 30000, out, sizeof(out));
+    test_etcd_down(&plain);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(out, "authentication is not enabled") != NULL &&
+                  strstr(out, "enable etcd's authentication first") != NULL, "%s", out);
+
     /* A wrong administrator password: refused by etcd, said so. */
     write_secret("root.pw", "wrong\n", 0600, root_pw, sizeof(root_pw));
     ck_assert_int_eq(grant_cmd("A", pw, NULL, out, sizeof(out)), 1);
