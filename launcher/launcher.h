@@ -262,5 +262,11 @@ void launcher_workers_failure(launcher_workers_t *ws, int i, rg_rdzv_failure_t *
 /* ---- commands ------------------------------------------------------------------------ */
 
 int launcher_status_main(int argc, char **argv);
+/* `regroup etcd-grant` (launcher_grant.c). */
+int launcher_grant_main(int argc, char **argv);
+/* Reads a password from path, a regular file of one line (its newline dropped) that other
+ * users may neither read nor write, into buf[cap]. 0, or 2 after printing a one-line error
+ * naming what (the option) and the file. */
+int launcher_read_secret(const char *path, const char *what, char *buf, size_t cap);
 
 #endif

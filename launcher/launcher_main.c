@@ -13,6 +13,9 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "status") == 0) {
         return launcher_status_main(argc - 1, argv + 1);
     }
+    if (argc >= 2 && strcmp(argv[1], "etcd-grant") == 0) {
+        return launcher_grant_main(argc - 1, argv + 1);
+    }
     rc = launcher_parse(argc, argv, &p, &print_config);
     if (rc == 1) {
         return 0;

@@ -83,6 +83,7 @@ void launcher_usage(FILE *out)
     fprintf(out,
 "usage: regroup [options] PROGRAM [ARGS...]\n"
 "       regroup status --rdzv-endpoint=HOST:PORT --rdzv-id=JOB\n"
+"       regroup etcd-grant --rdzv-endpoint=HOST:PORT --rdzv-id=JOB --password-file=F ...\n"
 "\n"
 "Runs PROGRAM as --nproc-per-node workers on this node, joined with the other nodes of\n"
 "the job through an etcd rendezvous; restarts or regroups them when workers fail, nodes\n"
@@ -101,7 +102,8 @@ void launcher_usage(FILE *out)
 "  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://; c10d: one HOST[:PORT]\n"
 "  --rdzv-id=JOB             job id shared by the job's nodes (default none)\n"
 "  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl (seconds), user,\n"
-"                            password, cacert, cert, key, grace_period\n"
+"                            password or password_file (a file of one line that other\n"
+"                            users cannot read), cacert, cert, key, grace_period\n"
 "  --standalone              run a private etcd for a single-node job\n"
 "  --max-restarts=N          worker failures tolerated before the job fails (default 0)\n"
 "  --monitor-interval=S      longest the agent sleeps without looking (default 1)\n"
@@ -231,6 +233,15 @@ static int parse_rdzv_conf(rg_agent_params_t *p, const char *conf, const char *s
         } else if (strcmp(kv, "password") == 0) {
             f = RG_AGENT_PASSWORD;
             ok = store(p->password, sizeof(p->password), v);
+        } else if (strcmp(kv, "password_file") == 0) {
+            /* The password without putting it on a command line every user can read. */
+            char what[64];
+            snprintf(what, sizeof(what), "%s password_file", src);
+            if (launcher_read_secret(v, what, p->password, sizeof(p->password)) != 0) {
+                return 2;
+            }
+            f = RG_AGENT_PASSWORD;
+            ok = true;
         } else if (strcmp(kv, "cacert") == 0 || strcmp(kv, "ca") == 0) {
             f = RG_AGENT_CACERT;
             ok = store(p->cacert, sizeof(p->cacert), v);

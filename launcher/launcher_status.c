@@ -38,7 +38,7 @@ int launcher_status_main(int argc, char **argv)
             }
         } else if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
             printf("usage: regroup status --rdzv-endpoint=HOST:PORT[,...] --rdzv-id=JOB "
-                   "[--rdzv-conf=user=U,password=P,cacert=F,cert=F,key=F]\n");
+                   "[--rdzv-conf=user=U,password_file=F,cacert=F,cert=F,key=F]\n");
             return 0;
         } else {
             fprintf(stderr, "regroup status: %s: unknown option or missing value\n", a);

@@ -199,7 +199,15 @@ rg_status_t etcd_error_from_reply(const char *url, const char *path, long http,
             *c = ' ';
         }
     }
-    if (strstr(text, "compacted") != NULL) {
+    if (strstr(text, "CommonName of client sending a request against gateway") != NULL) {
+        /* etcd 3.4.2x with auth on and client certificates required: the JSON gateway
+         * refuses any client certificate that has a CommonName (it cannot pass the name on
+         * as the user). */
+        json_decref(j);
+        return rg_error(RG_EAUTH, "etcd %s: %s: HTTP %ld: %s (with auth on, etcd's JSON "
+                        "gateway takes only client certificates without a CommonName: use "
+                        "one, with a user and password)", url, path, http, text);
+    } else if (strstr(text, "compacted") != NULL) {
         st = RG_ECOMPACTED;
     } else if (strstr(text, "lease not found") != NULL) {
         st = RG_ELEASE;
@@ -209,6 +217,12 @@ rg_status_t etcd_error_from_reply(const char *url, const char *path, long http,
         st = RG_EAUTH;
     } else if (http == 403 || strstr(text, "permission denied") != NULL) {
         st = RG_EPERM;
+    } else if (strstr(text, "already exists") != NULL) {
+        /* "user name already exists", "role name already exists" (auth administration) */
+        st = RG_EEXIST;
+    } else if (strstr(text, "user name not found") != NULL ||
+               strstr(text, "role name not found") != NULL) {
+        st = RG_ENOENT;
     } else if (http == 503 || http == 502 || http == 504 || http == 408) {
         st = RG_EAGAIN;
     } else {
@@ -417,6 +431,14 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
         }
         if (st == RG_OK && http != 200) {
             st = etcd_error_from_reply(conn->urls[i], path, http, conn->resp.data);
+            if (st == RG_EPERM) {
+                /* etcd does not say which key it refused: the request does. */
+                char keys[ETCD_MAX_DESCRIBE];
+                etcd_describe_keys(body, keys, sizeof(keys));
+                st = rg_error(RG_EPERM, "etcd %s: %s: permission denied on %s%s%s",
+                              conn->urls[i], path, keys, conn->user ? " for user " : "",
+                              conn->user ? conn->user : "");
+            }
         }
         if (st == RG_OK) {
             json_error_t jerr;

@@ -97,6 +97,16 @@ rg_status_t etcd_json_set_i64(json_t *obj, const char *name, int64_t v);
 rg_status_t etcd_kv_parse(const json_t *obj, rg_etcd_kv_t *kv);
 /* The end of the range for every key starting with prefix (prefix + 1); malloc'd. */
 char       *etcd_prefix_end(const char *prefix, size_t *len_p);
+/* Longest text etcd_describe_keys writes. */
+#define ETCD_MAX_DESCRIBE 720
+/* Names a key or range for a message: the key itself; a prefix as the prefix followed by a
+ * star; "K and after" for every key from K on; else "[K, END)". */
+void        etcd_describe_range(const char *key, size_t key_len, const char *range_end,
+                                size_t end_len, char *out, size_t cap);
+/* Names the keys a request body (range, put, delete range, txn) touches, for a refusal that
+ * etcd does not explain: "key /regroup/B/round", "keys" and a prefix, or "one of the keys"
+ * and a txn's list. */
+void        etcd_describe_keys(const json_t *body, char *out, size_t cap);
 /* Fills key/range_end of a request object for a key, range or prefix. */
 rg_status_t etcd_json_set_range(json_t *obj, const char *key, const char *range_end,
                                 bool prefix);

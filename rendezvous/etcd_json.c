@@ -238,3 +238,125 @@ rg_status_t etcd_json_set_range(json_t *obj, const char *key, const char *range_
     }
     return RG_OK;
 }
+
+void etcd_describe_range(const char *key, size_t key_len, const char *range_end,
+                         size_t end_len, char *out, size_t cap)
+{
+    size_t plen = 0;
+    char *pend = NULL;
+
+    if (cap == 0) {
+        return;
+    }
+    if (range_end == NULL || end_len == 0) {
+        snprintf(out, cap, "%.*s", (int)RG_MIN(key_len, 256), key);
+        return;
+    }
+    if (key_len > 0 && memchr(key, '\0', key_len) == NULL) {
+        char k[257];
+        snprintf(k, sizeof(k), "%.*s", (int)RG_MIN(key_len, 256), key);
+        pend = etcd_prefix_end(k, &plen);
+    }
+    if (pend != NULL && plen == end_len && memcmp(pend, range_end, end_len) == 0) {
+        snprintf(out, cap, "%.*s*", (int)RG_MIN(key_len, 256), key);
+    } else if (end_len == 1 && range_end[0] == '\0') {
+        snprintf(out, cap, "%.*s and after", (int)RG_MIN(key_len, 256), key);
+    } else {
+        snprintf(out, cap, "[%.*s, %.*s)", (int)RG_MIN(key_len, 256), key,
+                 (int)RG_MIN(end_len, 256), range_end);
+    }
+    free(pend);
+}
+
+/* Appends the range of a request object (its base64 key and range_end) to the list in out,
+ * unless it is there already. */
+static void describe_one(const json_t *req, char *out, size_t cap, size_t *n, bool *ranged)
+{
+    const char *k64 = json_string_value(json_object_get(req, "key"));
+    const char *e64 = json_string_value(json_object_get(req, "range_end"));
+    char *key = NULL;
+    char *end = NULL;
+    size_t key_len = 0;
+    size_t end_len = 0;
+    char one[600];
+
+    if (k64 == NULL || etcd_b64_decode(k64, &key, &key_len) != RG_OK) {
+        return;
+    }
+    if (e64 != NULL && etcd_b64_decode(e64, &end, &end_len) != RG_OK) {
+        end = NULL;
+        end_len = 0;
+    }
+    etcd_describe_range(key, key_len, end, end_len, one, sizeof(one));
+    *ranged = *ranged || end_len > 0;
+    free(key);
+    free(end);
+    /* One range per entry, separated by ", ": a repeat (a compare and a put of the same
+     * key) is named once. */
+    for (const char *p = out; (p = strstr(p, one)) != NULL; p++) {
+        size_t l = strlen(one);
+        if ((p == out || (p >= out + 2 && p[-2] == ',' && p[-1] == ' ')) &&
+            (p[l] == '\0' || p[l] == ',')) {
+            return;
+        }
+    }
+    size_t used = strlen(out);
+    if (used + 2 + strlen(one) + 1 < cap) {
+        snprintf(out + used, cap - used, "%s%s", *n ? ", " : "", one);
+        (*n)++;
+    }
+}
+
+/* The ranges of a txn's compares and ops (nested txns too, to a small depth). */
+static void describe_txn(const json_t *txn, char *out, size_t cap, size_t *n, bool *ranged,
+                         int depth)
+{
+    static const char *const branches[] = {"success", "failure"};
+    static const char *const ops[] = {"request_range", "request_put", "request_delete_range"};
+    const json_t *cmps = json_object_get(txn, "compare");
+
+    for (size_t i = 0; i < json_array_size(cmps); i++) {
+        describe_one(json_array_get(cmps, i), out, cap, n, ranged);
+    }
+    for (size_t b = 0; b < RG_ARRAY_SIZE(branches); b++) {
+        const json_t *arr = json_object_get(txn, branches[b]);
+        for (size_t i = 0; i < json_array_size(arr); i++) {
+            const json_t *op = json_array_get(arr, i);
+            for (size_t o = 0; o < RG_ARRAY_SIZE(ops); o++) {
+                const json_t *req = json_object_get(op, ops[o]);
+                if (req != NULL) {
+                    describe_one(req, out, cap, n, ranged);
+                }
+            }
+            const json_t *sub = json_object_get(op, "request_txn");
+            if (sub != NULL && depth < 4) {
+                describe_txn(sub, out, cap, n, ranged, depth + 1);
+            }
+        }
+    }
+}
+
+void etcd_describe_keys(const json_t *body, char *out, size_t cap)
+{
+    char list[ETCD_MAX_DESCRIBE - 16];
+    size_t n = 0;
+    bool ranged = false;
+
+    list[0] = '\0';
+    if (json_object_get(body, "key") != NULL) {
+        describe_one(body, list, sizeof(list), &n, &ranged);
+    } else {
+        describe_txn(body, list, sizeof(list), &n, &ranged, 0);
+    }
+    if (n == 0 && json_object_get(body, "ID") != NULL) {
+        /* A lease revoke: etcd checks the keys attached to the lease. */
+        int64_t id = 0;
+        etcd_json_i64(body, "ID", &id);
+        snprintf(out, cap, "the keys attached to lease %llx", (unsigned long long)id);
+    } else if (n == 0) {
+        snprintf(out, cap, "the request's keys");
+    } else {
+        /* etcd refuses a txn as a whole: any of its ranges may be the one. */
+        snprintf(out, cap, "%s %s", n > 1 ? "one of the keys" : ranged ? "keys" : "key", list);
+    }
+}

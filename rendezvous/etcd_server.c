@@ -228,6 +228,7 @@ static int start_all(rg_etcd_server_t *e, const rg_etcd_server_params_t *p)
     snprintf(e->also_host, sizeof(e->also_host), "%s", p->also_host ? p->also_host : "");
     snprintf(e->cert, sizeof(e->cert), "%s", p->cert_file ? p->cert_file : "");
     snprintf(e->key, sizeof(e->key), "%s", p->key_file ? p->key_file : "");
+    snprintf(e->ca, sizeof(e->ca), "%s", p->ca_file ? p->ca_file : "");
     e->n = n;
     snprintf(e->extra, sizeof(e->extra), "%s", p->extra_flags ? p->extra_flags : "");
     snprintf(e->root, sizeof(e->root), "%s/rg-etcd-XXXXXX",
@@ -300,9 +301,9 @@ int rg_etcd_server_start_with(rg_etcd_server_t *e, const rg_etcd_server_params_t
         rg_error(RG_EINVAL, "etcd server: a given client address and port are for one member");
         return -1;
     }
-    if (pw != NULL && (p->cert_file != NULL || pw[0] == '\0' ||
+    if (pw != NULL && ((p->cert_file != NULL && p->ca_file == NULL) || pw[0] == '\0' ||
                        strlen(pw) >= sizeof(e->root_password) || strpbrk(pw, " :") != NULL)) {
-        rg_error(RG_EINVAL, "etcd server: auth needs plain http and a password without "
+        rg_error(RG_EINVAL, "etcd server: auth needs the CA with TLS, and a password without "
                  "spaces or colons, shorter than %zu bytes", sizeof(e->root_password));
         return -1;
     }
@@ -397,12 +398,15 @@ int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args)
     int st;
     pid_t pid;
 
+    char user[100] = "";
+    char tls[900] = "";
     if (e->root_password[0] != '\0') {
-        snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s --user root:%s %s", e->endpoints,
-                 e->root_password, args);
-    } else {
-        snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s %s", e->endpoints, args);
+        snprintf(user, sizeof(user), "--user root:%s ", e->root_password);
     }
+    if (e->cert[0] != '\0' && e->ca[0] != '\0') {
+        snprintf(tls, sizeof(tls), "--cacert %s --cert %s --key %s ", e->ca, e->cert, e->key);
+    }
+    snprintf(cmd, sizeof(cmd), "etcdctl --endpoints=%s %s%s%s", e->endpoints, user, tls, args);
     snprintf(log_path, sizeof(log_path), "%s/etcdctl.log", e->root);
     split_args(cmd, argv, MAX_ARGS);
     pid = rg_proc_spawn(argv, log_path);

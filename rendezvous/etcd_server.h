@@ -27,8 +27,11 @@ typedef struct {
     const char *cert_file;     /* serve clients over TLS with this certificate and key; */
     const char *key_file;      /* NULL for plain http */
     const char *also_host;     /* serve clients on this address too (see endpoints_also) */
-    const char *root_password; /* add user root with this password and enable auth (plain
-                                  http only); NULL for no auth */
+    const char *root_password; /* add user root with this password and enable auth; NULL
+                                  for no auth. With TLS it needs ca_file. */
+    const char *ca_file;       /* TLS: the CA that signed cert_file, for etcdctl, which shows
+                                  cert_file as its client certificate (it must allow client
+                                  auth when etcd requires client certificates) */
     const char *client_addr;   /* one member only: serve clients on this numeric address */
     int         client_port;   /* and port, instead of a free loopback port (0: free port
                                   on 127.0.0.1); a taken port fails the start */
@@ -50,6 +53,7 @@ typedef struct {
     char  endpoints_also[512];        /* the members' client URLs on also_host */
     char  cert[256];                  /* TLS: server certificate and key, "" for plain http */
     char  key[256];
+    char  ca[256];                    /* TLS: the CA etcdctl trusts, "" if not given */
     char  root_password[64];          /* auth: root's password, "" when auth is off */
 } rg_etcd_server_t;
 
@@ -81,7 +85,8 @@ int rg_etcd_server_restart(rg_etcd_server_t *e, int i);
  * call twice, and on a zeroed struct. */
 void rg_etcd_server_stop(rg_etcd_server_t *e);
 /* Runs etcdctl against the server with the given arguments (a shell-free argv string split on
- * spaces; as root when auth is on); returns its exit status. Output goes to root/etcdctl.log. */
+ * spaces; as root when auth is on; over TLS with the CA and the server's own certificate);
+ * returns its exit status. Output goes to root/etcdctl.log. */
 int rg_etcd_server_etcdctl(const rg_etcd_server_t *e, const char *args);
 
 #endif

@@ -48,7 +48,7 @@ struct rg_etcd_watch {
     bool            created;       /* confirmed at least once */
     bool            stop;
     rg_status_t     final;         /* RG_OK while the watch lives */
-    char            final_msg[512];
+    char            final_msg[1024];
     int64_t         compact_rev;
     int64_t         taken_rev;
 };
@@ -149,7 +149,7 @@ static bool handle_line(rg_etcd_watch_t *w, const char *line, size_t len)
     if (etcd_json_bool(r, "canceled")) {
         int64_t compact = 0;
         const char *reason = json_string_value(json_object_get(r, "cancel_reason"));
-        char msg[400];
+        char msg[1000];
         etcd_json_i64(r, "compact_revision", &compact);
         if (compact > 0) {
             w->compact_rev = compact;
@@ -157,6 +157,17 @@ static bool handle_line(rg_etcd_watch_t *w, const char *line, size_t len)
                      "etcd watch on %s: revision %lld has been compacted (oldest is %lld)",
                      w->key, (long long)w->next_rev, (long long)compact);
             watch_fail_locked(w, RG_ECOMPACTED, msg);
+        } else if (reason != NULL && (strstr(reason, "permission denied") != NULL ||
+                                      strstr(reason, "PermissionDenied") != NULL)) {
+            /* etcd 3.4: "rpc error: code = PermissionDenied desc = etcdserver: permission
+             * denied", in a response that is both created and canceled. */
+            char keys[600];
+            etcd_describe_range(w->key, strlen(w->key), w->range_end, w->range_end_len, keys,
+                                sizeof(keys));
+            snprintf(msg, sizeof(msg), "etcd %s: /v3/watch: permission denied on %s %s%s%s",
+                     w->conn.urls[w->conn.current], w->range_end ? "keys" : "key", keys,
+                     w->conn.user ? " for user " : "", w->conn.user ? w->conn.user : "");
+            watch_fail_locked(w, RG_EPERM, msg);
         } else {
             snprintf(msg, sizeof(msg), "etcd watch on %s canceled by the server: %s", w->key,
                      reason ? reason : "no reason given");
@@ -283,6 +294,7 @@ static void run_stream(rg_etcd_watch_t *w, CURL *easy, size_t i)
     }
     rg_dbuf_reset(&w->line);
     w->connected = false;
+    w->conn.current = i;   /* the endpoint a refusal names */
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, stream_cb);

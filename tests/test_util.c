@@ -192,6 +192,7 @@ bool test_etcd_start(test_etcd_t *t, const test_etcd_opts_t *opts)
         snprintf(srv_key, sizeof(srv_key), "%s/srv.key", t->certs);
         sp.cert_file = srv_cert;
         sp.key_file = srv_key;
+        sp.ca_file = t->ca;
         if (o->client_certs) {
             snprintf(flags, sizeof(flags), "%s --client-cert-auth --trusted-ca-file %s",
                      o->extra_flags != NULL ? o->extra_flags : "", t->ca);
@@ -309,6 +310,15 @@ bool test_make_certs(const char *dir)
     static const char *const cli_sign[] = {"x509", "-req", "-in", "cli.csr", "-CA", "ca.pem",
                                            "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
                                            "-extfile", "cli.cnf", "-out", "cli.pem", NULL};
+    /* A client certificate whose subject has no CommonName: etcd's JSON gateway refuses
+     * any client certificate with one when auth is on. */
+    static const char *const nocn_req[] = {"req", "-newkey", "rsa:2048", "-nodes", "-subj",
+                                           "/O=rg-test-client", "-keyout", "cli-nocn.key",
+                                           "-out", "cli-nocn.csr", NULL};
+    static const char *const nocn_sign[] = {"x509", "-req", "-in", "cli-nocn.csr", "-CA",
+                                            "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                                            "-days", "2", "-extfile", "cli.cnf", "-out",
+                                            "cli-nocn.pem", NULL};
     static const char *const other[] = {"req", "-x509", "-newkey", "rsa:2048", "-nodes",
                                         "-days", "2", "-subj", "/CN=other-ca", "-keyout",
                                         "other.key", "-out", "other.pem", NULL};
@@ -318,5 +328,6 @@ bool test_make_certs(const char *dir)
                       "extendedKeyUsage=serverAuth,clientAuth\n") &&
            write_file(dir, "cli.cnf", "extendedKeyUsage=clientAuth\n") &&
            openssl(dir, ca) && openssl(dir, srv_req) && openssl(dir, srv_sign) &&
-           openssl(dir, cli_req) && openssl(dir, cli_sign) && openssl(dir, other);
+           openssl(dir, cli_req) && openssl(dir, cli_sign) && openssl(dir, nocn_req) &&
+           openssl(dir, nocn_sign) && openssl(dir, other);
 }

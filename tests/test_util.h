@@ -104,7 +104,7 @@ typedef struct {
     const char *extra_flags;  /* TEST_ETCD_FAST, TEST_ETCD_CLUSTER, NULL... */
     bool        tls;          /* clients over TLS, with certificates made for the test */
     bool        client_certs; /* tls, and clients must show a certificate signed by the CA */
-    bool        auth;         /* user root (TEST_ETCD_PASSWORD), auth enabled */
+    bool        auth;         /* user root (TEST_ETCD_PASSWORD), auth enabled (with tls too) */
 } test_etcd_opts_t;
 
 typedef struct {
@@ -128,9 +128,10 @@ void test_etcd_up(test_etcd_t *t, const test_etcd_opts_t *opts);
 void test_etcd_down(test_etcd_t *t);
 
 /* Makes, with the openssl command (no shell), in dir: a test CA (ca.pem, ca.key), a
- * certificate it signed for a server on 127.0.0.1 (srv.pem, srv.key), one it signed for a
- * client (cli.pem, cli.key) and an unrelated CA (other.pem). False if openssl failed (its
- * output is in dir/openssl.log). */
+ * certificate it signed for a server on 127.0.0.1 (srv.pem, srv.key, which also allows client
+ * auth), one it signed for a client (cli.pem, cli.key: CN rg-test-client), one for a client
+ * without a CommonName (cli-nocn.pem, cli-nocn.key) and an unrelated CA (other.pem). False if
+ * openssl failed (its output is in dir/openssl.log). */
 bool test_make_certs(const char *dir);
 
 #endif

@@ -16,9 +16,12 @@
  *   RG_EUNREACH   no endpoint could be connected to
  *   RG_ETIMEDOUT  the deadline passed
  *   RG_EAUTH      wrong user/password or token refused
- *   RG_EPERM      permission denied by etcd
+ *   RG_EPERM      permission denied by etcd; the message names the key or range the refused
+ *                 request touched (etcd does not say which of a txn's) and the user
  *   RG_ECOMPACTED the requested revision has been compacted
- *   RG_ENOENT     lease not found
+ *   RG_ELEASE     lease not found (expired or revoked)
+ *   RG_ENOENT     a key (rg_etcd_get), an auth user or a role not found
+ *   RG_EEXIST     an auth user or role already exists
  *   RG_EPROTO     malformed, truncated or unexpected response
  *   RG_ETOOBIG    a response over the client's size limit
  *   RG_ESERVER    etcd refused the request (HTTP 4xx/5xx with its message)
@@ -320,6 +323,34 @@ void rg_etcd_watch_destroy(rg_etcd_watch_t *watch);
 
 /* Frees what a kv owns (not the struct). Accepts NULL. */
 void rg_etcd_kv_cleanup(rg_etcd_kv_t *kv);
+
+/* ---- auth administration --------------------------------------------------------------- */
+
+typedef struct {
+    const char *user;        /* the etcd user to create (or whose password to set); not root */
+    const char *password;    /* its password */
+    const char *role;        /* the role that holds the permission; not root */
+    const char *prefix;      /* the role may read and write every key starting with it */
+} rg_etcd_grant_req_t;
+
+typedef struct {
+    bool user_created;       /* false: the user existed, and its password was set */
+    bool role_created;       /* false: the role existed */
+    bool perm_granted;       /* false: the role held the prefix already */
+    int  perms_revoked;      /* the role's other permissions, revoked */
+    char other_roles[256];   /* the user's roles besides role, comma-separated (left alone) */
+} rg_etcd_grant_t;
+
+/*
+ * With a client whose user holds etcd's root role (auth enabled): makes the user and role of
+ * req so that role grants read and write on the keys under req->prefix and nothing else, and
+ * the user holds role. Idempotent: a re-run sets the password again and leaves the same state.
+ * Blocks for several calls, all within the deadline. On success fills *res. RG_EAUTH if the
+ * client cannot log in (or auth is not enabled), RG_EPERM if its user is not root.
+ */
+rg_status_t rg_etcd_grant_prefix(rg_etcd_t *admin, const rg_etcd_grant_req_t *req,
+                                 rg_deadline_t deadline, rg_etcd_grant_t *res)
+    RG_ETCD_NODISCARD;
 
 #ifdef __cplusplus
 }
