@@ -12,10 +12,10 @@ typedef struct {
     const char *name;
     size_t      size;
     size_t      n;
-    size_t      offsets[ABI_MAX_FIELDS];
+    size_t      fields[ABI_MAX_FIELDS][2]; /* offset, size */
 } abi_struct_t;
 
-#define F(type, field) offsetof(type, field)
+#define F(type, field) {offsetof(type, field), sizeof(((type *)0)->field)}
 
 static const abi_struct_t abi_structs[] = {
     {"rg_data_cursor_t", sizeof(rg_data_cursor_t), 3,
@@ -46,7 +46,7 @@ static const abi_struct_t abi_structs[] = {
 };
 
 rg_status_t rg_abi_struct_layout(const char *type, size_t *size_p, size_t *offsets,
-                                 size_t max_fields, size_t *n_fields_p)
+                                 size_t *sizes, size_t max_fields, size_t *n_fields_p)
 {
     if (type == NULL) {
         return rg_error(RG_ENOENT, "rg_abi_struct_layout: no type name");
@@ -62,7 +62,12 @@ rg_status_t rg_abi_struct_layout(const char *type, size_t *size_p, size_t *offse
                             type, s->n, max_fields);
         }
         *size_p = s->size;
-        memcpy(offsets, s->offsets, s->n * sizeof(offsets[0]));
+        for (size_t f = 0; f < s->n; f++) {
+            offsets[f] = s->fields[f][0];
+            if (sizes != NULL) {
+                sizes[f] = s->fields[f][1];
+            }
+        }
         return RG_OK;
     }
     return rg_error(RG_ENOENT, "rg_abi_struct_layout: no public struct named '%s'", type);

@@ -93,6 +93,7 @@ _PROTOTYPES = {
     "rg_last_error": (ctypes.c_char_p, []),
     "rg_now_ns": (ctypes.c_uint64, []),
     "rg_abi_struct_layout": (_st, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
+                                   ctypes.POINTER(ctypes.c_size_t),
                                    ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
     # train.h
@@ -149,19 +150,20 @@ def check_layout(lib, cname, mirror):
     size = ctypes.c_size_t()
     n = ctypes.c_size_t()
     offsets = (ctypes.c_size_t * 32)()
-    st = lib.rg_abi_struct_layout(cname.encode(), ctypes.byref(size), offsets, 32,
+    sizes = (ctypes.c_size_t * 32)()
+    st = lib.rg_abi_struct_layout(cname.encode(), ctypes.byref(size), offsets, sizes, 32,
                                   ctypes.byref(n))
     if st != 0:
         raise LayoutError("%s: rg_abi_struct_layout: %s: %s" % (
             cname, lib.rg_status_name(st).decode(), lib.rg_last_error().decode()))
     names = [f[0] for f in mirror._fields_]
-    mine = [getattr(mirror, f).offset for f in names]
-    theirs = list(offsets[:n.value])
+    mine = [(getattr(mirror, f).offset, getattr(mirror, f).size) for f in names]
+    theirs = list(zip(offsets[:n.value], sizes[:n.value]))
     if ctypes.sizeof(mirror) != size.value or mine != theirs:
         raise LayoutError(
-            "%s: the Python mirror (size %d, offsets %s of %s) differs from the library's "
-            "(size %d, offsets %s)" % (cname, ctypes.sizeof(mirror), mine, names, size.value,
-                                       theirs))
+            "%s: the Python mirror (size %d, (offset, size) %s of fields %s) differs from the "
+            "library's (size %d, %s)" % (cname, ctypes.sizeof(mirror), mine, names,
+                                         size.value, theirs))
 
 
 def _candidates():

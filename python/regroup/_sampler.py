@@ -24,7 +24,10 @@ class GlobalSampler(_Positioned):
     Use it as `DataLoader(ds, batch_sampler=sampler)` (each item a batch) or as
     `DataLoader(ds, sampler=sampler, batch_size=None)` with a dataset that takes a list of
     indices; in both, keep num_workers=0 so that no batch is fetched ahead of the step that
-    uses it (`cursor` counts the steps handed out).
+    uses it (`cursor` counts the steps handed out). A rank's share is empty at a step with
+    fewer records than ranks (the short last step of an epoch, or world_size > global_batch):
+    a DataLoader's default collate cannot batch none, so choose drop_last=True or sizes
+    that avoid it, or iterate the sampler yourself.
     """
 
     def __init__(self, num_samples, global_batch, seed=0, rank=None, world_size=None,
