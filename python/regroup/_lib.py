@@ -173,6 +173,11 @@ def _candidates():
     if env:
         out.append(("REGROUP_LIBRARY", env))
     here = os.path.dirname(os.path.abspath(__file__))
+    try:  # installed by cmake --install: the library's directory, recorded then
+        from ._libdir import LIBDIR
+        out.append(("next to the package", os.path.join(LIBDIR, SONAME)))
+    except ImportError:
+        pass
     # Installed: <libdir>/python3/dist-packages/regroup/ beside <libdir>/libregroup.so;
     # in a build tree or a wheel: the library inside or just above the package.
     for d in (here, os.path.dirname(here), os.path.dirname(os.path.dirname(here)),
