@@ -2,6 +2,7 @@
 etcd): every collective, op and dtype against NumPy at several world sizes, and checkpoints
 saved at 4 ranks and restored at 1, 2 and 3."""
 import os
+import re
 
 import pytest
 
@@ -31,3 +32,35 @@ def test_checkpoint_saved_at_4_restored_at_1_2_3(tmp):
         assert rc == 0, out
         for r in range(world):
             assert "restored rank=%d world=%d step=20" % (r, world) in out, out
+
+
+EXAMPLE = os.path.join(conftest.SRC, "examples", "python", "fmnist_torch.py")
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def final_accuracy(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith("test_accuracy=")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
+def test_example_survives_a_worker_kill(tmp):
+    pytest.importorskip("torch")
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500"]
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "plain"))
+    rc, plain = run_job(tmp, 4, args, timeout=400, env=env)
+    assert rc == 0, plain
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "killed"))
+    rc, killed = run_job(tmp, 4, args + ["--kill-at", "350", "--kill-rank", "2"], timeout=400,
+                         max_restarts=2, env=env)
+    assert rc == 0, killed
+    assert "rank 2: killing myself at step 350" in killed, killed
+    # From the newest checkpoint committed by then (written in the background: 300 or before).
+    m = re.search(r"resumed from checkpoint step (\d+) \(epoch 0\) at world size 4, restart 1",
+                  killed)
+    assert m and int(m.group(1)) in (100, 200, 300), killed
+    # The same run from the same checkpointed state and data position: the same model.
+    assert final_accuracy(killed) == final_accuracy(plain), (plain, killed)
+    assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
