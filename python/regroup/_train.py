@@ -53,6 +53,7 @@ class Context:
         _status.check(lib.rg_train_init(ctypes.byref(params), ctypes.byref(h)), "rg_train_init")
         self._h = h
         self._comm = ctypes.c_void_p(lib.rg_train_comm(h))
+        self._allreduce = lib.rg_comm_allreduce
         self.rank = lib.rg_train_rank(h)
         self.world_size = lib.rg_train_world_size(h)
         self.local_rank = lib.rg_train_local_rank(h)
@@ -115,14 +116,16 @@ class Context:
     def allreduce(self, tensor, op="sum", timeout_ms=None):
         """In place: tensor = op over every rank's tensor ("sum", "avg", "min", "max",
         "prod"; avg on floating types only). Collective; returns tensor."""
-        self._handle()
+        if self._h is None:
+            self._handle()
         code = _OPS.get(op)
         if code is None:
             raise ValueError("regroup: allreduce op %r; use one of %s" % (op, ", ".join(_OPS)))
         t = _tensor.describe(tensor, "allreduce's tensor", writable=True)
-        st = self._lib.rg_comm_allreduce(self._comm, t.ptr, t.ptr, t.count, t.dtype, code,
-                                         self._opts(t, timeout_ms))
-        self._check_comm(st, "rg_comm_allreduce", t)
+        opts = None if timeout_ms is None and not t.cuda else self._opts(t, timeout_ms)
+        st = self._allreduce(self._comm, t.ptr, t.ptr, t.count, t.dtype, code, opts)
+        if st != 0:
+            self._check_comm(st, "rg_comm_allreduce", t)
         return tensor
 
     def broadcast(self, tensor, root=0, timeout_ms=None):
