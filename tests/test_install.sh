@@ -277,6 +277,9 @@ timeout 120 "$python" -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log
     { cat "$tmp/venv.log"; fail "python3 -m venv"; }
 timeout 300 "$tmp/venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
     "$tmp/python-src" >"$tmp/pip.log" 2>&1 || { cat "$tmp/pip.log"; fail "pip install ./python"; }
+pip_version=$("$tmp/venv/bin/python" -m pip show regroup 2>/dev/null | sed -n 's/^Version: //p')
+[[ $pip_version == "$version" ]] ||
+    fail "python/pyproject.toml's version is '$pip_version', not the project's $version"
 pyrun venv "$tmp/venv/bin/python" 25 LD_LIBRARY_PATH="$libdir" -- \
     "start=20 lib=$soname version=$version" "tiny done w0=75 world=2"
 
