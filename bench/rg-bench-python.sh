@@ -36,7 +36,8 @@ build=$(cd "$build" && pwd)
 out=$(mktemp -d /tmp/rg-bench-python.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 export UCX_NET_DEVICES=lo OMP_NUM_THREADS=1
-export REGROUP_LIBRARY="$build/libregroup.so" PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}"
+export REGROUP_LIBRARY="$build/libregroup.so"
+export PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}"
 
 run() { # $1 = side (c|python), $2 = repetition
     local prog
@@ -57,7 +58,8 @@ commit=$(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo unknown)
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
 "$python" - "$out" "$reps" "$n" "$commit" "${build_type:-unknown}" <<'PY'
 import json, re, statistics, sys
-out, reps, n, commit, btype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+out, reps, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+commit, btype = sys.argv[4], sys.argv[5]
 def lines(side, r):
     for line in open(f"{out}/{side}.{r}.log"):
         m = re.search(r'(\{"bench":"comm[-a-z]*".*\})', line)
