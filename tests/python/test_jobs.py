@@ -64,3 +64,22 @@ def test_example_survives_a_worker_kill(tmp):
     # The same run from the same checkpointed state and data position: the same model.
     assert final_accuracy(killed) == final_accuracy(plain), (plain, killed)
     assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
+
+
+EXACT = os.path.join(conftest.HERE, "worker_exact.py")
+
+
+def test_sampler_exactly_once_across_resize_and_kill(tmp):
+    """3 ranks for 40 steps, then 2 ranks resuming from that checkpoint, rank 1 killed at
+    step 62 and the job restarted from step 60: every sample used once in each epoch."""
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, [PYTHON, EXACT, "--stop-at", "40"], env=env)
+    assert rc == 0 and "stopped at step 40" in out, out
+    rc, out = run_job(tmp, 2, [PYTHON, EXACT, "--kill-at", "62"], max_restarts=1, env=env)
+    assert rc == 0, out
+    assert "resumed from step 40 at world 2: cursor (11, 1, 15)" in out, out
+    assert "rank 1: killing myself at step 62" in out, out
+    # The newest checkpoint committed before the kill: 60, or 55 if 60's was still being
+    # written.
+    assert re.search(r"resumed from step (60|55) at world 2", out), out
+    assert "exact=1 world=2" in out, out
