@@ -204,7 +204,8 @@ class Context:
         return Cursor._from_c(cur)
 
     def report(self, step, metrics=None, state=None, cursor=None, epoch=None):
-        """Publishes progress (step, epoch, metrics {name: float}). With state
+        """Publishes progress (step, epoch, metrics {name: float}; epoch defaults to the
+        cursor's, the position after the step, else 0). With state
         ({name: tensor}, the same on every rank), also starts an asynchronous checkpoint of
         it at `step`: each rank saves its share of every tensor's rows (dim 0), copying them
         before this returns, and rank 0 saves `cursor` (a Cursor, or a GlobalSampler's
