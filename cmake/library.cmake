@@ -122,3 +122,24 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/regroup.pc.in ${PROJECT_BINARY_DIR}/r
 install(CODE "configure_file(\"${PROJECT_BINARY_DIR}/regroup.pc.in\"
                              \"${PROJECT_BINARY_DIR}/regroup.pc\" @ONLY)")
 install(FILES ${PROJECT_BINARY_DIR}/regroup.pc DESTINATION ${REGROUP_PKGCONFIG_DIR})
+
+# The Python package (python/regroup, pure Python over libregroup.so through ctypes), beside
+# the library: <libdir>/python3/dist-packages/regroup by default (REGROUP_PYTHON_DIR, relative
+# to the prefix or absolute). Its _libdir.py, written at install time like regroup.pc, records
+# the library's directory, so that the package finds the library it was installed with
+# whatever the prefix; PYTHONPATH=<that dir> makes it importable (Debian's python3 already
+# searches /usr/lib/python3/dist-packages).
+set(REGROUP_PYTHON_DIR ${CMAKE_INSTALL_LIBDIR}/python3/dist-packages CACHE STRING
+    "Where cmake --install puts the Python package (relative to the prefix, or absolute)")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/regroup DESTINATION ${REGROUP_PYTHON_DIR}
+        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE PATTERN "_libdir.py" EXCLUDE)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(REGROUP_PY_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  set(REGROUP_PY_LIBDIR "@CMAKE_INSTALL_PREFIX@/${CMAKE_INSTALL_LIBDIR}")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/regroup_libdir.py.in
+               ${PROJECT_BINARY_DIR}/regroup_libdir.py.in @ONLY)
+install(CODE "configure_file(\"${PROJECT_BINARY_DIR}/regroup_libdir.py.in\"
+                             \"${PROJECT_BINARY_DIR}/python/_libdir.py\" @ONLY)")
+install(FILES ${PROJECT_BINARY_DIR}/python/_libdir.py DESTINATION ${REGROUP_PYTHON_DIR}/regroup)

@@ -10,9 +10,10 @@ pkgs=(build-essential cmake pkg-config clang
       libucx-dev ucx-utils libzstd-dev zlib1g-dev check
       libopenblas-dev dataset-fashion-mnist
       iproute2 openssl procps
+      python3-numpy python3-pytest python3-torch python3-venv python3-pip python3-setuptools
       slurmctld slurmd slurm-client munge)
 if [[ "${1:-}" == "--bench" ]]; then
-    pkgs+=(openmpi-bin libopenmpi-dev python3-torch)
+    pkgs+=(openmpi-bin libopenmpi-dev)
 fi
 
 missing=()

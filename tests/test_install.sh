@@ -5,8 +5,10 @@
 # examples/starter out of tree with pkg-config (libregroup.so, then libregroup.a with
 # regroup.pc's private dependencies) and with find_package (regroup::regroup, then
 # regroup::regroup_static), and runs each build under the installed regroup --standalone
-# --nproc-per-node=2, each run resuming from the previous one's checkpoints. Every step has a
-# deadline; the temporary tree is removed on any exit.
+# --nproc-per-node=2, each run resuming from the previous one's checkpoints; then the Python
+# package: installed beside the library and pip-installed into a virtual environment, each
+# importing and running a tiny job under the installed regroup. Every step has a deadline;
+# the temporary tree is removed on any exit.
 #   test_install.sh BUILD_DIR SOURCE_DIR VERSION C_COMPILER [EXTRA_FLAGS]
 # EXTRA_FLAGS go to every compile and link of the starter (the sanitizer build's flags, which
 # a program loading a sanitized libregroup.so needs too).
@@ -202,5 +204,83 @@ run find_package "$tmp/cmake-shared/starter" 60 "resumed from step 30" \
 run static "$tmp/starter-static" 70 "resumed from step 60" "done steps=70 .* world=2"
 run find_package-static "$tmp/cmake-static/starter" 80 "resumed from step 70" \
     "done steps=80 .* world=2"
+
+# ---- the Python package ------------------------------------------------------------------
+# Installed beside the library, it finds that library; a tiny job runs under the installed
+# regroup and runs again resuming from its checkpoint; then the same with the package pip
+# installed (python/pyproject.toml) into a virtual environment, the library found through
+# the loader's path. The sanitized build's runtimes are preloaded into the interpreter.
+python=${PYTHON:-/usr/bin/python3}
+py_env=()
+if [[ -n $extra ]]; then
+    py_env=(LD_PRELOAD="$("$cc" -print-file-name=libasan.so):$("$cc" -print-file-name=libubsan.so)"
+            ASAN_OPTIONS=detect_leaks=0)
+fi
+pydir=$libdir/python3/dist-packages
+step "Python package installed in ${pydir#"$prefix"/}"
+[[ -f $pydir/regroup/__init__.py && -f $pydir/regroup/_libdir.py ]] ||
+    fail "the Python package is not installed in ${pydir#"$prefix"/}"
+cat >"$tmp/tiny.py" <<'PY'
+import sys
+import numpy as np
+import regroup
+
+steps = int(sys.argv[1])
+with regroup.init() as ctx:
+    w = np.zeros(5, np.float32)
+    start = ctx.latest_checkpoint()
+    if start is None:
+        start = 0
+    else:
+        ctx.restore(start, {"w": w})
+    if ctx.rank == 0:
+        print("start=%d lib=%s version=%s" % (start, regroup.library_path(),
+                                              regroup.__version__), flush=True)
+    for step in range(start + 1, steps + 1):
+        g = np.full(5, ctx.rank + 1, np.float32)
+        ctx.allreduce(g)
+        w += g
+        ctx.report(step, metrics={"w0": float(w[0])}, state={"w": w} if step % 5 == 0 else None)
+    if ctx.rank == 0:
+        print("tiny done w0=%g world=%d" % (w[0], ctx.world_size), flush=True)
+PY
+# pyrun NAME PYTHON STEPS ENV... -- EXPECTED-LINE...: the tiny job on 2 workers.
+pyrun() {
+    local name=$1 py=$2 steps=$3
+    shift 3
+    local envs=()
+    while [[ $1 != -- ]]; do
+        envs+=("$1")
+        shift
+    done
+    shift
+    step "python $name: regroup --standalone --nproc-per-node=2 ${py} tiny.py $steps"
+    local rc=0
+    (cd "$tmp/tmp" && env PATH="$prefix/bin:$PATH" TMPDIR="$tmp/tmp" UCX_NET_DEVICES=lo \
+        REGROUP_CKPT_DIR="$tmp/pyckpt" "${py_env[@]}" "${envs[@]}" \
+        timeout -k 10 180 regroup --standalone --nproc-per-node=2 --max-restarts=0 \
+        "$py" "$tmp/tiny.py" "$steps") >"$tmp/py-$name.out" 2>&1 || rc=$?
+    cat "$tmp/py-$name.out"
+    [[ $rc -eq 0 ]] || fail "python $name exited with $rc"
+    for want in "$@"; do
+        grep -q -- "$want" "$tmp/py-$name.out" || fail "python $name did not print '$want'"
+    done
+}
+# Each step adds 1 + 2 to w: w0 = 3 * steps at any history of restarts.
+pyrun installed "$python" 10 PYTHONPATH="$pydir" -- \
+    "start=0 lib=$libdir/$soname version=$version" "tiny done w0=30 world=2"
+pyrun installed-again "$python" 20 PYTHONPATH="$pydir" -- "start=10 " "tiny done w0=60 world=2"
+
+step "Python package pip-installed into a virtual environment"
+cp -r "$src/python" "$tmp/python-src"
+timeout 120 "$python" -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 ||
+    { cat "$tmp/venv.log"; fail "python3 -m venv"; }
+timeout 300 "$tmp/venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
+    "$tmp/python-src" >"$tmp/pip.log" 2>&1 || { cat "$tmp/pip.log"; fail "pip install ./python"; }
+pip_version=$("$tmp/venv/bin/python" -m pip show regroup 2>/dev/null | sed -n 's/^Version: //p')
+[[ $pip_version == "$version" ]] ||
+    fail "python/pyproject.toml's version is '$pip_version', not the project's $version"
+pyrun venv "$tmp/venv/bin/python" 25 LD_LIBRARY_PATH="$libdir" -- \
+    "start=20 lib=$soname version=$version" "tiny done w0=75 world=2"
 
 echo "test_install: ok"

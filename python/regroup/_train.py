@@ -1,0 +1,293 @@
+"""regroup.init() and its context: the worker API of include/regroup/train.h."""
+
+import collections
+import ctypes
+
+from . import _lib
+from . import _status
+from . import _tensor
+
+_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
+
+
+class Cursor(collections.namedtuple("Cursor", "seed epoch step")):
+    """Where a job is in its data (rg_data_cursor_t): the next global step of an epoch."""
+
+    __slots__ = ()
+
+    @classmethod
+    def start(cls, seed):
+        return cls(int(seed), 0, 0)
+
+    def _c(self):
+        return _lib.DataCursor(self.seed, self.epoch, self.step)
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(c.seed, c.epoch, c.step)
+
+
+def _deadline(lib, timeout_ms):
+    if timeout_ms is None:
+        return 0
+    ms = int(timeout_ms)
+    return lib.rg_now_ns() + max(ms, 0) * 1000000 if ms > 0 else 1
+
+
+class Context:
+    """One worker's membership of the job (rg_train_ctx_t): made by regroup.init().
+
+    Belongs to the thread that made it. Collective calls (allreduce, broadcast, allgather,
+    barrier, latest_checkpoint, restore, and report with state) must be made by every rank in
+    the same order. Every call that fails raises regroup.Error (regroup.PeerError when a peer
+    died: the group is then unusable, close the context and let the launcher restart).
+    """
+
+    def __init__(self, ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0):
+        lib = _lib.load()
+        self._lib = lib
+        self._h = None
+        params = _lib.TrainParams(ckpt_dir.encode() if ckpt_dir else None, int(keep_last),
+                                  int(comm_timeout_ms), int(staging_bytes))
+        h = ctypes.c_void_p()
+        _status.check(lib.rg_train_init(ctypes.byref(params), ctypes.byref(h)), "rg_train_init")
+        self._h = h
+        self._comm = ctypes.c_void_p(lib.rg_train_comm(h))
+        self._allreduce = lib.rg_comm_allreduce
+        self.rank = lib.rg_train_rank(h)
+        self.world_size = lib.rg_train_world_size(h)
+        self.local_rank = lib.rg_train_local_rank(h)
+        self.local_world_size = lib.rg_train_local_size(h)
+        self.round = lib.rg_train_round(h)
+        self.restart_count = lib.rg_train_restart_count(h)
+        root = lib.rg_train_ckpt_root(h)
+        self.ckpt_dir = root.decode() if root is not None else None
+        self.restored_step = None
+
+    # ---- lifetime ----------------------------------------------------------------------
+
+    def close(self):
+        """Waits for the checkpoint in flight, then leaves the group (rg_train_finalize).
+        Not collective; idempotent."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            self._lib.rg_train_finalize(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("regroup: the context is closed")
+        return self._h
+
+    @property
+    def healthy(self):
+        """False once a collective failed: the group must be given up (close())."""
+        self._handle()
+        return bool(self._lib.rg_comm_is_healthy(self._comm))
+
+    @property
+    def failed_rank(self):
+        """The rank that failed first, or None."""
+        self._handle()
+        r = self._lib.rg_comm_failed_rank(self._comm)
+        return None if r < 0 else r
+
+    # ---- collectives -------------------------------------------------------------------
+
+    def _opts(self, t, timeout_ms):
+        cuda = t is not None and t.cuda
+        if timeout_ms is None and not cuda:
+            return None
+        return ctypes.byref(_lib.CommOpts(_deadline(self._lib, timeout_ms),
+                                          _lib.RG_MEM_CUDA if cuda else _lib.RG_MEM_HOST))
+
+    def _check_comm(self, st, fn, t):
+        if st != 0 and t is not None and t.cuda and _status.status_name(st) == "ENOTSUP":
+            raise TypeError("regroup: %s: a CUDA tensor, which this libregroup cannot use: %s"
+                            % (fn, self._lib.rg_last_error().decode(errors="replace")))
+        _status.check(st, fn)
+
+    def allreduce(self, tensor, op="sum", timeout_ms=None):
+        """In place: tensor = op over every rank's tensor ("sum", "avg", "min", "max",
+        "prod"; avg on floating types only). Collective; returns tensor."""
+        if self._h is None:
+            self._handle()
+        code = _OPS.get(op)
+        if code is None:
+            raise ValueError("regroup: allreduce op %r; use one of %s" % (op, ", ".join(_OPS)))
+        t = _tensor.describe(tensor, "allreduce's tensor", writable=True)
+        opts = None if timeout_ms is None and not t.cuda else self._opts(t, timeout_ms)
+        st = self._allreduce(self._comm, t.ptr, t.ptr, t.count, t.dtype, code, opts)
+        if st != 0:
+            self._check_comm(st, "rg_comm_allreduce", t)
+        return tensor
+
+    def broadcast(self, tensor, root=0, timeout_ms=None):
+        """In place: every rank's tensor = root's. Collective; returns tensor."""
+        self._handle()
+        t = _tensor.describe(tensor, "broadcast's tensor", writable=True)
+        st = self._lib.rg_comm_broadcast(self._comm, t.ptr, t.count, t.dtype, int(root),
+                                         self._opts(t, timeout_ms))
+        self._check_comm(st, "rg_comm_broadcast", t)
+        return tensor
+
+    def allgather(self, src, dst, timeout_ms=None):
+        """dst (world_size * src's elements, src's dtype) = every rank's src in rank order.
+        In place when src is this rank's part of dst. Collective; returns dst."""
+        self._handle()
+        s = _tensor.describe(src, "allgather's src")
+        d = _tensor.describe(dst, "allgather's dst", writable=True)
+        if s.dtype != d.dtype:
+            raise TypeError("regroup: allgather: src is %s, dst %s" % (
+                _dtype_name(s.dtype), _dtype_name(d.dtype)))
+        if d.count != s.count * self.world_size:
+            raise ValueError("regroup: allgather: dst has %d elements, not world_size (%d) "
+                             "* src's %d" % (d.count, self.world_size, s.count))
+        if s.cuda != d.cuda:
+            raise TypeError("regroup: allgather: src and dst on different devices")
+        sendbuf = s.ptr
+        if s.ptr == d.ptr + self.rank * s.nbytes:
+            sendbuf = 1  # RG_COMM_IN_PLACE
+        st = self._lib.rg_comm_allgather(self._comm, sendbuf, d.ptr, s.count, s.dtype,
+                                         self._opts(d, timeout_ms))
+        self._check_comm(st, "rg_comm_allgather", d)
+        return dst
+
+    def barrier(self, timeout_ms=None):
+        """Returns once every rank has entered. Collective."""
+        self._handle()
+        _status.check(self._lib.rg_comm_barrier(self._comm, self._opts(None, timeout_ms)),
+                      "rg_comm_barrier")
+
+    # ---- checkpoints -------------------------------------------------------------------
+
+    def latest_checkpoint(self):
+        """The newest committed checkpoint's step, the same on every rank; None when there is
+        none (or no checkpoint directory). Collective."""
+        step = ctypes.c_int64()
+        st = self._lib.rg_get_checkpoint(self._handle(), ctypes.byref(step))
+        if st != 0 and _status.status_name(st) == "ENOENT":
+            return None
+        _status.check(st, "rg_get_checkpoint")
+        return step.value
+
+    def restore(self, step, tensors):
+        """Fills each tensor of {name: tensor} in place with the whole of that tensor from
+        checkpoint `step` (any world size may have saved it: it is resharded), and returns
+        the data Cursor saved with it. If some rank cannot read `step`, every rank falls back
+        to an older one together: self.restored_step says which was read. Collective."""
+        h = self._handle()
+        items = list(tensors.items())
+        reqs = (_lib.CkptRequest * max(len(items), 1))()
+        names = []
+        for i, (name, obj) in enumerate(items):
+            t = _tensor.describe(obj, "restore's tensor %r" % name, writable=True)
+            if t.cuda:
+                raise TypeError("regroup: restore's tensor %r is a CUDA tensor; checkpoints "
+                                "read into host memory" % name)
+            b = _name_bytes(name)
+            names.append(b)
+            rows = t.shape[0] if len(t.shape) > 0 else 1
+            reqs[i] = _lib.CkptRequest(b, t.dtype, 0, rows, t.ptr, t.nbytes)
+        cur = _lib.DataCursor()
+        got = ctypes.c_int64()
+        st = self._lib.rg_train_restore(h, int(step), reqs, len(items), ctypes.byref(cur),
+                                        ctypes.byref(got))
+        _status.check(st, "rg_train_restore")
+        self.restored_step = got.value
+        return Cursor._from_c(cur)
+
+    def report(self, step, metrics=None, state=None, cursor=None, epoch=None):
+        """Publishes progress (step, epoch, metrics {name: float}; epoch defaults to the
+        cursor's, the position after the step, else 0). With state
+        ({name: tensor}, the same on every rank), also starts an asynchronous checkpoint of
+        it at `step`: each rank saves its share of every tensor's rows (dim 0), copying them
+        before this returns, and rank 0 saves `cursor` (a Cursor, or a GlobalSampler's
+        position). Collective with state: every rank reports state at the same steps."""
+        h = self._handle()
+        if isinstance(cursor, _Positioned):
+            cursor = cursor.cursor
+        if epoch is None:
+            epoch = cursor.epoch if cursor is not None else 0
+        keep = []
+        mlist = list((metrics or {}).items())
+        if len(mlist) > _lib.RG_TRAIN_MAX_METRICS:
+            raise ValueError("regroup: report: %d metrics, at most %d" % (
+                len(mlist), _lib.RG_TRAIN_MAX_METRICS))
+        marr = (_lib.Metric * max(len(mlist), 1))()
+        for i, (k, v) in enumerate(mlist):
+            b = _name_bytes(k)
+            keep.append(b)
+            marr[i] = _lib.Metric(b, float(v))
+        rep = _lib.Report(int(step), int(epoch), marr, len(mlist))
+        st_p = None
+        if state is not None:
+            st_p = ctypes.byref(self._state(state, cursor, keep))
+        st = self._lib.rg_report(h, ctypes.byref(rep), st_p)
+        _status.check(st, "rg_report")
+
+    def _state(self, state, cursor, keep):
+        items = list(state.items())
+        arr = (_lib.CkptTensor * max(len(items), 1))()
+        n = 0
+        off = ctypes.c_uint32()
+        cnt = ctypes.c_uint32()
+        for name, obj in items:
+            t = _tensor.describe(obj, "report's state tensor %r" % name)
+            if t.cuda:
+                raise TypeError("regroup: report's state tensor %r is a CUDA tensor; copy it "
+                                "to the host for a checkpoint" % name)
+            shape = list(t.shape) if len(t.shape) > 0 else [1]
+            if len(shape) > _lib.RG_CKPT_MAX_DIMS:
+                raise ValueError("regroup: report's state tensor %r has %d dimensions, at "
+                                 "most %d" % (name, len(shape), _lib.RG_CKPT_MAX_DIMS))
+            if shape[0] >= 2 ** 32:
+                raise ValueError("regroup: report's state tensor %r has %d rows, at most "
+                                 "2^32 - 1" % (name, shape[0]))
+            self._lib.rg_sampler_share(shape[0], self.rank, self.world_size,
+                                       ctypes.byref(off), ctypes.byref(cnt))
+            if cnt.value == 0:
+                continue
+            row_bytes = t.nbytes // shape[0] if shape[0] > 0 else 0
+            b = _name_bytes(name)
+            keep.append(b)
+            dims = (ctypes.c_uint64 * _lib.RG_CKPT_MAX_DIMS)(*shape)
+            arr[n] = _lib.CkptTensor(b, t.dtype, len(shape), dims, off.value, cnt.value,
+                                     t.ptr + off.value * row_bytes, 0)
+            n += 1
+        c = cursor._c() if cursor is not None else _lib.DataCursor()
+        s = _lib.TrainState(arr, n, c)
+        keep.append(arr)
+        return s
+
+
+class _Positioned:
+    """Anything with a .cursor (a Cursor) that report() accepts as its cursor."""
+
+
+def _name_bytes(name):
+    if not isinstance(name, str):
+        raise TypeError("regroup: a name must be a str, not %s" % type(name).__name__)
+    return name.encode()
+
+
+def _dtype_name(code):
+    for k, v in _tensor._BY_NAME.items():
+        if v == code:
+            return k
+    return str(code)
+
+
+def init(ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0):
+    """Joins the job from the launcher's environment (rg_train_init): collective, blocks until
+    every rank of the round has called it. ckpt_dir defaults to $REGROUP_CKPT_DIR (none if
+    unset), keep_last to $REGROUP_CKPT_KEEP or 3, comm_timeout_ms (each collective's default
+    timeout) to $REGROUP_COMM_TIMEOUT_MS or 30000. Returns a Context, also usable as
+    `with regroup.init() as ctx:`."""
+    return Context(ckpt_dir, keep_last, comm_timeout_ms, staging_bytes)

@@ -1,0 +1,85 @@
+"""The package in real jobs under the `regroup` launcher (--standalone: its own private
+etcd): every collective, op and dtype against NumPy at several world sizes, and checkpoints
+saved at 4 ranks and restored at 1, 2 and 3."""
+import os
+import re
+
+import pytest
+
+import conftest
+from conftest import PYTHON, run_job, worker_env
+
+OPS = os.path.join(conftest.HERE, "worker_ops.py")
+CKPT = os.path.join(conftest.HERE, "worker_ckpt.py")
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_op_and_dtype(tmp, world):
+    rc, out = run_job(tmp, world, [PYTHON, OPS])
+    assert rc == 0, out
+    for r in range(world):
+        assert "ops ok rank=%d" % r in out, out
+
+
+def test_checkpoint_saved_at_4_restored_at_1_2_3(tmp):
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 4, [PYTHON, CKPT, "save"], env=env)
+    assert rc == 0, out
+    assert all("saved rank=%d" % r in out for r in range(4)), out
+    assert sorted(os.listdir(os.path.join(tmp, "ckpt"))) == ["step-10", "step-20"]
+    for world in (1, 2, 3):
+        rc, out = run_job(tmp, world, [PYTHON, CKPT, "restore"], env=env)
+        assert rc == 0, out
+        for r in range(world):
+            assert "restored rank=%d world=%d step=20" % (r, world) in out, out
+
+
+EXAMPLE = os.path.join(conftest.SRC, "examples", "python", "fmnist_torch.py")
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def final_accuracy(out):
+    lines = [ln for ln in out.splitlines() if ln.startswith("test_accuracy=")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
+def test_example_survives_a_worker_kill(tmp):
+    pytest.importorskip("torch")
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500"]
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "plain"))
+    rc, plain = run_job(tmp, 4, args, timeout=400, env=env)
+    assert rc == 0, plain
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "killed"))
+    rc, killed = run_job(tmp, 4, args + ["--kill-at", "350", "--kill-rank", "2"], timeout=400,
+                         max_restarts=2, env=env)
+    assert rc == 0, killed
+    assert "rank 2: killing myself at step 350" in killed, killed
+    # From the newest checkpoint committed by then (written in the background: 300 or before).
+    m = re.search(r"resumed from checkpoint step (\d+) \(epoch 0\) at world size 4, restart 1",
+                  killed)
+    assert m and int(m.group(1)) in (100, 200, 300), killed
+    # The same run from the same checkpointed state and data position: the same model.
+    assert final_accuracy(killed) == final_accuracy(plain), (plain, killed)
+    assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
+
+
+EXACT = os.path.join(conftest.HERE, "worker_exact.py")
+
+
+def test_sampler_exactly_once_across_resize_and_kill(tmp):
+    """3 ranks for 40 steps, then 2 ranks resuming from that checkpoint, rank 1 killed at
+    step 62 and the job restarted from step 60: every sample used once in each epoch."""
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, [PYTHON, EXACT, "--stop-at", "40"], env=env)
+    assert rc == 0 and "stopped at step 40" in out, out
+    rc, out = run_job(tmp, 2, [PYTHON, EXACT, "--kill-at", "62"], max_restarts=1, env=env)
+    assert rc == 0, out
+    assert "resumed from step 40 at world 2: cursor (11, 1, 15)" in out, out
+    assert "rank 1: killing myself at step 62" in out, out
+    # The newest checkpoint committed before the kill: 60, or 55 if 60's was still being
+    # written.
+    assert re.search(r"resumed from step (60|55) at world 2", out), out
+    assert "exact=1 world=2" in out, out
