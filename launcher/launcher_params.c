@@ -37,6 +37,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_TEE] = {"tee", "tee", NULL, K_INT, true},
     [RG_AGENT_RANKS_FILTER] = {"local_ranks_filter", "local-ranks-filter", NULL, K_STR, true},
     [RG_AGENT_NUMA] = {"numa_binding", "numa-binding", NULL, K_STR, true},
+    [RG_AGENT_NOTICE] = {"preemption_notice", "preemption-notice", NULL, K_STR, true},
     [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
     [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
     [RG_AGENT_USER] = {"user", "rdzv-conf", "user", K_STR, false},
@@ -144,6 +145,12 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
                                              "core-complex"};
         snprintf(buf, len, "%s", (unsigned)p->numa < RG_ARRAY_SIZE(names) ? names[p->numa]
                                                                            : "?");
+        break;
+    }
+    case RG_AGENT_NOTICE: {
+        static const char *const names[] = {"none", "aws", "gce", "azure", "auto"};
+        snprintf(buf, len, "%s", (unsigned)p->notice < RG_ARRAY_SIZE(names) ? names[p->notice]
+                                                                             : "?");
         break;
     }
     case RG_AGENT_LEASE_TTL: snprintf(buf, len, "%lld", (long long)p->lease_ttl_s); break;
@@ -284,6 +291,9 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     }
     if ((unsigned)p->numa > RG_AGENT_NUMA_CORE_COMPLEX) {
         return BAD(RG_AGENT_NUMA, "expected node, socket, exclusive, core-complex or none");
+    }
+    if ((unsigned)p->notice > RG_AGENT_NOTICE_AUTO) {
+        return BAD(RG_AGENT_NOTICE, "expected aws, gce, azure, auto or none");
     }
     if (p->numa != RG_AGENT_NUMA_NONE) {
         /* Said now rather than when the workers start: fewer cores than local ranks. */
