@@ -191,7 +191,8 @@ static json_t *meta_load(const char *what, const char *v, size_t len)
     json_t *j = v != NULL && len <= META_BODY_MAX ? json_loadb(v, len, 0, NULL) : NULL;
     if (!json_is_object(j)) {
         json_decref(j);
-        rg_error(RG_EPROTO, "%s: not a JSON object: '%.60s'", what, v ? v : "");
+        rg_error(RG_EPROTO, "%s: not a JSON object: '%.*s'", what, v ? (int)RG_MIN(len, 60) : 0,
+                 v ? v : "");
         return NULL;
     }
     return j;
@@ -215,7 +216,7 @@ rg_status_t meta_aws_action_decode(const char *v, size_t len, char *action, size
         return RG_EPROTO;
     }
     return ok ? RG_OK : rg_error(RG_EPROTO, "aws spot/instance-action: no action or no ISO "
-                                 "8601 time in '%.80s'", v);
+                                 "8601 time in '%.*s'", (int)RG_MIN(len, 80), v);
 }
 
 rg_status_t meta_gce_preempted_decode(const char *v, size_t len, bool *preempted)
@@ -261,9 +262,10 @@ rg_status_t meta_azure_decode(const char *v, size_t len, meta_azure_t *out)
         }
         if (id == NULL || strlen(id) >= sizeof(a.event_id) || nb == NULL ||
             (nb[0] != '\0' && !meta_time_rfc1123(nb, &a.not_before))) {
-            json_decref(j);
-            return rg_error(RG_EPROTO, "azure scheduledevents: a %s event without a usable "
-                            "EventId or NotBefore", type);
+            rg_status_t st = rg_error(RG_EPROTO, "azure scheduledevents: a %s event without a "
+                                      "usable EventId or NotBefore", type);
+            json_decref(j);   /* type points into it */
+            return st;
         }
         a.found = true;
         snprintf(a.event_id, sizeof(a.event_id), "%s", id);
