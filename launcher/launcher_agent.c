@@ -235,10 +235,19 @@ static rg_status_t agent_loop(agent_t *ag)
         return rg_error(RG_ENOMEM, "rendezvous assignment");
     }
     for (;;) {
-        st = rg_rdzv_join(ag->rdzv, ag->sigfd, asg);
+        st = rg_rdzv_join(ag->rdzv, launcher_watch_join_fd(ag->watch, ag->sigfd), asg);
         if (st == RG_ECANCELED) {
             bool child = false;
+            launcher_preempt_t pn;
             if (read_signals(ag, &child)) {
+                break;
+            }
+            if (launcher_watch_take(ag->watch, &pn)) {
+                /* no workers to save anything: the node leaves now */
+                launcher_watch_ack(ag->watch);
+                fprintf(stderr, "regroup: this node left the job before joining it (%s)\n",
+                        pn.reason);
+                st = RG_OK;
                 break;
             }
             continue;   /* only SIGCHLD of an old worker: join again */

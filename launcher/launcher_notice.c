@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@ struct launcher_watch {
     pthread_mutex_t   mu;
     pthread_cond_t    cv;                /* signalled on stop */
     int               efd;
+    int               epfd;              /* efd + the caller's fd (launcher_watch_join_fd) */
     bool              have;              /* a notice arrived (under mu) */
     bool              taken;
     launcher_preempt_t notice;
@@ -317,20 +319,31 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
+rg_status_t launcher_metadata_url_check(void)
+{
+    const char *env = getenv("REGROUP_METADATA_URL");
+    if (env != NULL && env[0] != '\0' &&
+        ((strncmp(env, "http://", 7) != 0 && strncmp(env, "https://", 8) != 0) ||
+         strlen(env) >= sizeof(((launcher_watch_t *)NULL)->base) || strlen(env) < 9)) {
+        return rg_error(RG_EINVAL, "REGROUP_METADATA_URL=%s: expected http://HOST[:PORT] or "
+                        "https://HOST[:PORT] (the metadata services' base URL)", env);
+    }
+    return RG_OK;
+}
+
 rg_status_t launcher_watch_start(rg_agent_notice_t provider, launcher_watch_t **w_p)
 {
     const char *env = getenv("REGROUP_METADATA_URL");
     launcher_watch_t *w;
+    rg_status_t st;
 
     *w_p = NULL;
     if (provider == RG_AGENT_NOTICE_NONE) {
         return RG_OK;
     }
-    if (env != NULL && env[0] != '\0' &&
-        ((strncmp(env, "http://", 7) != 0 && strncmp(env, "https://", 8) != 0) ||
-         strlen(env) >= sizeof(w->base) || strlen(env) < 9)) {
-        return rg_error(RG_EINVAL, "REGROUP_METADATA_URL=%s: expected http://HOST[:PORT] or "
-                        "https://HOST[:PORT] (the metadata services' base URL)", env);
+    st = launcher_metadata_url_check();
+    if (st != RG_OK) {
+        return st;
     }
     w = calloc(1, sizeof(*w));
     if (w == NULL) {
@@ -350,6 +363,7 @@ rg_status_t launcher_watch_start(rg_agent_notice_t provider, launcher_watch_t **
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
+    w->epfd = -1;
     w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (w->efd < 0) {
         rg_status_t st = rg_error(RG_ESYS, "notice watcher: eventfd: %s", strerror(errno));
@@ -371,6 +385,33 @@ rg_status_t launcher_watch_start(rg_agent_notice_t provider, launcher_watch_t **
 int launcher_watch_fd(const launcher_watch_t *w)
 {
     return w != NULL ? w->efd : -1;
+}
+
+int launcher_watch_join_fd(launcher_watch_t *w, int fd)
+{
+    if (w == NULL) {
+        return fd;
+    }
+    if (w->epfd < 0) {
+        struct epoll_event ev = {.events = EPOLLIN};
+        int ep = epoll_create1(EPOLL_CLOEXEC);
+        ev.data.fd = fd;
+        if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            rg_warn("notice watcher: epoll: %m; a notice is seen only once a round runs");
+            if (ep >= 0) {
+                close(ep);
+            }
+            return fd;
+        }
+        ev.data.fd = w->efd;
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, w->efd, &ev) != 0) {
+            rg_warn("notice watcher: epoll: %m; a notice is seen only once a round runs");
+            close(ep);
+            return fd;
+        }
+        w->epfd = ep;
+    }
+    return w->epfd;
 }
 
 bool launcher_watch_take(launcher_watch_t *w, launcher_preempt_t *out)
@@ -440,6 +481,9 @@ void launcher_watch_stop(launcher_watch_t *w)
     if (w->efd >= 0) {
         close(w->efd);
     }
+    if (w->epfd >= 0) {
+        close(w->epfd);
+    }
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);
@@ -467,6 +511,17 @@ static bool maps_notice_page(pid_t pid)
     }
     fclose(f);
     return found;
+}
+
+/* Whether some running worker reads the notice page (it can take a last checkpoint). */
+static bool workers_read_page(const launcher_leave_t *lv)
+{
+    for (int i = 0; i < lv->ws->n; i++) {
+        if (lv->ws->w[i].running && maps_notice_page(lv->ws->w[i].pid)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 void launcher_leave_init(launcher_leave_t *lv, const rg_agent_params_t *cfg,
@@ -589,11 +644,11 @@ bool launcher_leave_holds(launcher_leave_t *lv, rg_rdzv_change_t change)
     if (lv->own) {
         return true;    /* this node is on its way out: its workers finish first */
     }
-    if (lv->others) {
+    if (lv->others && workers_read_page(lv)) {
         lv->drain = true;
         return !launcher_leave_expired(lv);
     }
-    return false;
+    return false;   /* workers that cannot hear of it have nothing to finish */
 }
 
 bool launcher_leave_expired(const launcher_leave_t *lv)

@@ -47,8 +47,13 @@ typedef struct {
  * RG_ESYS. Never blocks on the network: auto probes from the thread. */
 rg_status_t launcher_watch_start(rg_agent_notice_t provider, launcher_watch_t **w_p)
     RG_NODISCARD;
+/* RG_EINVAL naming $REGROUP_METADATA_URL if it is set and not an http(s) base URL. */
+rg_status_t launcher_metadata_url_check(void) RG_NODISCARD;
 /* Readable once a notice has arrived (an eventfd); -1 for NULL. */
 int  launcher_watch_fd(const launcher_watch_t *w);
+/* A descriptor readable when fd is or when a notice has arrived, for rg_rdzv_join's cancel_fd:
+ * fd itself for NULL. Made once, owned by the watcher. */
+int  launcher_watch_join_fd(launcher_watch_t *w, int fd);
 /* The notice, once: true the first time it is called after the notice arrived. Never blocks;
  * accepts NULL (false). */
 bool launcher_watch_take(launcher_watch_t *w, launcher_preempt_t *out);

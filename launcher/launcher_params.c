@@ -4,6 +4,7 @@
  * reads the option or variable and the user of rg_trainer_fit reads the struct field.
  */
 #include "launcher.h"
+#include "launcher_notice.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -294,6 +295,9 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     }
     if ((unsigned)p->notice > RG_AGENT_NOTICE_AUTO) {
         return BAD(RG_AGENT_NOTICE, "expected aws, gce, azure, auto or none");
+    }
+    if (p->notice != RG_AGENT_NOTICE_NONE && launcher_metadata_url_check() != RG_OK) {
+        return RG_EINVAL;   /* the message names the variable */
     }
     if (p->numa != RG_AGENT_NUMA_NONE) {
         /* Said now rather than when the workers start: fewer cores than local ranks. */
