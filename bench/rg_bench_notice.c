@@ -87,7 +87,7 @@ static bool wait_for(const char *path, const char *text, int timeout_ms)
 
 static void write_state(const char *path, const char *state)
 {
-    char tmp[400];
+    char tmp[420];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (f != NULL) {
