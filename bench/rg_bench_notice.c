@@ -11,10 +11,13 @@
  * figure is (the survivor's worker restoring its checkpoint in the next round, from its own
  * log's timestamp) - (that time). It includes up to one poll interval (1 s) before the agent
  * sees the notice, the step boundary, the last checkpoint of that step, the agents' exits
- * and the next round. steps_lost is the step the ranks left at minus the step resumed from;
- * exact says whether rg-exact's final digest was right. One JSON object:
+ * and the next round; after_seen_s is the part from the leaving agent's "leaving the job" log
+ * line (it saw the notice) to the same end. steps_lost is the step the ranks left at minus
+ * the step resumed from; exact says whether rg-exact's final digest was right. One JSON
+ * object:
  *   {"bench":"notice","provider":..,"poll_ms":1000,"reps":..,"median_s":..,"min_s":..,
- *    "max_s":..,"steps_lost_max":..,"exact":..}
+ *    "max_s":..,"after_seen_median_s":..,"after_seen_max_s":..,"steps_lost_max":..,
+ *    "exact":..}
  */
 #include "etcd_server.h"
 #include "rg_common.h"
@@ -112,7 +115,7 @@ static void reap(pid_t pid, int timeout_ms, int *rc)
 }
 
 /* One repetition: the seconds from the notice to the survivor restored, or -1. */
-static double one_rep(int rep, const char *provider, long *lost, bool *exact)
+static double one_rep(int rep, const char *provider, long *lost, bool *exact, double *seen)
 {
     char sub[300];
     char ck[400];
@@ -198,6 +201,8 @@ static double one_rep(int rep, const char *provider, long *lost, bool *exact)
         goto out;
     }
     double t1 = file_number(alog, "restored checkpoint step", true);
+    double ts = file_number(blog, "leaving the job: ", true);
+    *seen = ts > 0 && t1 > 0 ? t1 - ts : -1;
     int rca = -1;
     int rcb = -1;
     reap(b, 60000, &rcb);
@@ -265,15 +270,21 @@ int main(int argc, char **argv)
         return 1;
     }
     double v[MAX_REPS];
+    double w[MAX_REPS];
     int ok = 0;
+    int n_seen = 0;
     long lost_max = 0;
     bool exact = true;
     for (int r = 0; r < reps; r++) {
         long lost = -1;
         bool ex = false;
-        double s = one_rep(r, provider, &lost, &ex);
+        double seen = -1;
+        double s = one_rep(r, provider, &lost, &ex, &seen);
         if (s > 0) {
             v[ok++] = s;
+        }
+        if (seen > 0) {
+            w[n_seen++] = seen;
         }
         lost_max = lost < 0 ? -1 : lost_max < 0 ? lost_max : RG_MAX(lost_max, lost);
         exact = exact && ex;
@@ -288,9 +299,11 @@ int main(int argc, char **argv)
         return 1;
     }
     qsort(v, (size_t)ok, sizeof(double), cmp_d);
+    qsort(w, (size_t)n_seen, sizeof(double), cmp_d);
     printf("{\"bench\":\"notice\",\"provider\":\"%s\",\"poll_ms\":1000,\"reps\":%d,"
-           "\"median_s\":%.3f,\"min_s\":%.3f,\"max_s\":%.3f,\"steps_lost_max\":%ld,"
-           "\"exact\":%s}\n", provider, ok, v[ok / 2], v[0], v[ok - 1], lost_max,
-           exact ? "true" : "false");
+           "\"median_s\":%.3f,\"min_s\":%.3f,\"max_s\":%.3f,\"after_seen_median_s\":%.3f,"
+           "\"after_seen_max_s\":%.3f,\"steps_lost_max\":%ld,\"exact\":%s}\n", provider, ok,
+           v[ok / 2], v[0], v[ok - 1], n_seen ? w[n_seen / 2] : -1.0,
+           n_seen ? w[n_seen - 1] : -1.0, lost_max, exact ? "true" : "false");
     return 0;
 }
