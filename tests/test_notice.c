@@ -141,7 +141,8 @@ static size_t committed_steps(void)
     return n;
 }
 
-/* The first "<prefix>%d" number in a log, or -1. */
+/* The number after the last "<prefix>" in a log (the last resume is the one after the
+ * notice, whatever rounds came before), or -1. */
 static long log_number(const char *name, const char *prefix)
 {
     char path[400];
@@ -152,10 +153,11 @@ static long log_number(const char *name, const char *prefix)
     if (f == NULL) {
         return -1;
     }
-    while (v < 0 && fgets(line, sizeof(line), f) != NULL) {
+    while (fgets(line, sizeof(line), f) != NULL) {
         const char *p = strstr(line, prefix);
-        if (p != NULL && sscanf(p + strlen(prefix), "%ld", &v) != 1) {
-            v = -1;
+        long x;
+        if (p != NULL && sscanf(p + strlen(prefix), "%ld", &x) == 1) {
+            v = x;
         }
     }
     fclose(f);
