@@ -268,6 +268,42 @@ START_TEST(test_azure_notice_while_training)
 }
 END_TEST
 
+/* rg-fmnist takes the same last checkpoint and the survivor resumes from its step. */
+START_TEST(test_fmnist_notice)
+{
+    char rid[] = "--rdzv-id=fmnist";
+    meta_up("aws", "none");
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep_arg, sizeof(ep_arg), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    char *a_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--max-restarts=0",
+                      "--rdzv-conf=last_call_timeout=3", RG_FMNIST_BIN, "--epochs", "1",
+                      "--log-every", "50", "--ckpt-every", "50", NULL};
+    char *b_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--max-restarts=0",
+                      "--rdzv-conf=last_call_timeout=3", "--preemption-notice=aws",
+                      RG_FMNIST_BIN, "--epochs", "1", "--log-every", "50", "--ckpt-every",
+                      "50", NULL};
+    pid_t a = spawn("a", a_argv);
+    setenv("REGROUP_METADATA_URL", url, 1);
+    pid_t b = spawn("b", b_argv);
+    unsetenv("REGROUP_METADATA_URL");
+    wait_log("a", " of 2, restart 0)", 60000);
+    TEST_WAIT_UNTIL(committed_steps() > 0, 120000, "no checkpoint committed within 120 s");
+    meta_state("notice 60");
+    ck_assert_int_eq(test_wait_exit(b, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(a, 400000), 0);
+    long left = log_number("a", "left at step ");
+    if (left < 0) {
+        left = log_number("b", "left at step ");
+    }
+    long resumed = log_number("a", "resumed from checkpoint step ");
+    ck_assert_msg(left > 0 && resumed == left, "left at step %ld, resumed from %ld", left,
+                  resumed);
+    ck_assert(log_has("a", "checkpoint committed") || log_has("b", "checkpoint committed"));
+    ck_assert(log_has("a", "test_accuracy="));
+}
+END_TEST
+
 /* The notice's time has already passed when it is seen: no time for a last checkpoint. The
  * job resumes from the previous committed one (never from a half-written one), exactly. */
 START_TEST(test_notice_too_late_falls_back)
@@ -518,6 +554,7 @@ int main(void)
     tcase_add_test(tc, test_gce_notice_while_training);
     tcase_add_test(tc, test_azure_notice_while_training);
     tcase_add_test(tc, test_notice_too_late_falls_back);
+    tcase_add_test(tc, test_fmnist_notice);
     tcase_add_test(tc, test_sigterm_during_last_save);
     tcase_add_test(tc, test_sigterm_is_a_notice);
     tcase_add_test(tc, test_plain_program_and_status);
