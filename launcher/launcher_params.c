@@ -385,5 +385,12 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
             snprintf(v, sizeof(v), "(auto)");
         }
         fprintf(out, "%-20s %-40s %s\n", d->key, v, from);
+        if (f == RG_AGENT_NOTICE && p->notice != RG_AGENT_NOTICE_NONE) {
+            /* where the watcher looks (launcher_notice.c) */
+            const char *url = getenv("REGROUP_METADATA_URL");
+            bool set = url != NULL && url[0] != '\0';
+            fprintf(out, "%-20s %-40s %s\n", "metadata_url", set ? url : "http://169.254.169.254",
+                    set ? "REGROUP_METADATA_URL" : "default");
+        }
     }
 }

@@ -786,6 +786,11 @@ START_TEST(test_torchrun_option_table)
         {NULL, "--print-config --standalone", 0, "preemption_notice|none|default", NULL},
         {NULL, "--print-config --standalone --preemption-notice=gce", 0,
          "preemption_notice|gce|flag", NULL},
+        {NULL, "--print-config --standalone --preemption-notice=gce", 0,
+         "metadata_url|http://169.254.169.254|default", NULL},
+        {"REGROUP_METADATA_URL=http://127.0.0.1:9", "--print-config --standalone "
+         "--preemption-notice=aws", 0, "metadata_url|http://127.0.0.1:9|REGROUP_METADATA_URL",
+         NULL},
         {"REGROUP_PREEMPTION_NOTICE=azure", "--print-config --standalone", 0,
          "preemption_notice|azure|REGROUP_PREEMPTION_NOTICE", NULL},
         {NULL, "--standalone --preemption-notice=ibm /bin/true", 2, NULL,
