@@ -16,6 +16,7 @@
  *   - a program that does not use the worker API gets SIGTERM as soon as the notice arrives,
  *     and `regroup status` shows the node leaving and why;
  *   - --preemption-notice=auto finds the service that answers; Azure's event is acknowledged;
+ *   - a notice while the agent waits for the others to join: it leaves without starting;
  *   - a service that never answers, answers 404, gives malformed answers or hangs: a warning,
  *     and the job carries on to its exact end.
  */
@@ -385,6 +386,24 @@ START_TEST(test_plain_program_and_status)
 }
 END_TEST
 
+/* A notice while the agent waits for the others to join: it leaves without starting. */
+START_TEST(test_notice_while_joining)
+{
+    meta_up("aws", "none");
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep_arg, sizeof(ep_arg), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    setenv("REGROUP_METADATA_URL", url, 1);
+    char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=joining", "--nnodes=2",
+                    "--preemption-notice=aws", "/bin/true", NULL};
+    pid_t p = spawn("joining", argv);
+    wait_log("joining", "rendezvous: joined round 0", 30000);
+    meta_state("notice 30");
+    ck_assert_int_eq(test_wait_exit(p, 30000), 0);
+    ck_assert(log_has("joining", "this node left the job before joining it (aws spot"));
+    ck_assert(!log_has("joining", "started 1 workers"));
+}
+END_TEST
+
 /* auto: the one service that answers as itself is found and said. */
 START_TEST(test_auto_finds_the_service)
 {
@@ -559,6 +578,7 @@ int main(void)
     tcase_add_test(tc, test_sigterm_is_a_notice);
     tcase_add_test(tc, test_plain_program_and_status);
     tcase_add_test(tc, test_auto_finds_the_service);
+    tcase_add_test(tc, test_notice_while_joining);
     tcase_add_test(tc, test_service_never_answers);
     tcase_add_test(tc, test_service_answers_404);
     tcase_add_test(tc, test_service_malformed);
