@@ -22,6 +22,10 @@
  * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
  * is then that of the epochs completed.
+ *
+ * On a preemption notice (rg_report's RG_EMEMBERS with RG_NOTICE_PREEMPT: a node leaves) every
+ * rank takes the last checkpoint of the step it reached (rg_train_leave) and exits: 0 with
+ * "left at step N: checkpoint committed" when it landed, 1 when there was too little time.
  */
 #include "example_parse.h"
 
@@ -167,6 +171,30 @@ static void expected(const options_t *o, int64_t epochs, int64_t *want)
     }
 }
 
+/* After rg_report's RG_EMEMBERS: a preemption is the last checkpoint, and the end of this
+ * process (*left); anything else stays an error. */
+static rg_status_t on_notice(rg_train_ctx_t *ctx, const rg_report_t *rep,
+                             const rg_train_state_t *s, bool *left)
+{
+    rg_notice_t n;
+    if (rg_train_notice(ctx, &n) != RG_OK || !(n.kinds & (1u << RG_NOTICE_PREEMPT))) {
+        return RG_EMEMBERS;
+    }
+    *left = true;
+    rg_status_t st = rg_train_leave(ctx, rep, s);
+    if (rg_train_rank(ctx) == 0) {
+        if (st == RG_OK) {
+            printf("left at step %lld: checkpoint committed (%lld ms were left)\n",
+                   (long long)rep->step, (long long)n.ms_left);
+        } else {
+            printf("left at step %lld: no last checkpoint: %s\n", (long long)rep->step,
+                   rg_last_error());
+        }
+        fflush(stdout);
+    }
+    return st;
+}
+
 static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
 {
     int rank = rg_train_rank(ctx);
@@ -179,6 +207,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     FILE *trace = NULL;
     int64_t ckpt_step = -1;
     int64_t epochs = o->epochs;
+    bool left = false;
     uint8_t *pad = NULL;
     uint32_t pad0 = 0;
     uint32_t pad_rows = 0;
@@ -327,7 +356,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         rg_train_state_t s = {.tensors = t, .n_tensors = nt, .cursor = cur};
         bool save = done % o->ckpt_every == 0 && (int64_t)cur.epoch < epochs;
         st = rg_report(ctx, &rep, save ? &s : NULL);
-        if (st != RG_OK) {
+        if (st == RG_EMEMBERS) {
+            st = on_notice(ctx, &rep, &s, &left);
+        }
+        if (st != RG_OK || left) {
             goto out;
         }
     }

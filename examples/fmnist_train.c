@@ -13,7 +13,10 @@
  * timing summary and finally "test_accuracy=<fraction>". --kill-at STEP makes rank
  * --kill-rank (default 1) SIGKILL itself at that step in the job's first attempt, to show the
  * job regrouping and resuming. --stop-file PATH ends the job at the next epoch boundary once
- * PATH exists (rank 0 decides, every rank follows), as the chaos suite does.
+ * PATH exists (rank 0 decides, every rank follows), as the chaos suite does. On a preemption
+ * notice (a node leaves: rg_report's RG_EMEMBERS with RG_NOTICE_PREEMPT) every rank takes the
+ * last checkpoint of the step it reached (rg_train_leave), prints "left at step N: ..." on
+ * rank 0 and exits (0 when it landed); the job resumes from that step.
  */
 #include "fmnist_adam.h"
 #include "fmnist_mlp.h"
@@ -190,6 +193,29 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
         rg_report_t rep = {.step = (int64_t)done, .epoch = (int64_t)b->cursor.epoch,
                            .metrics = metrics, .n_metrics = 1};
         st = rg_report(ctx, &rep, save ? &state : NULL);
+        rg_notice_t notice;
+        if (st == RG_EMEMBERS && rg_train_notice(ctx, &notice) == RG_OK &&
+            (notice.kinds & (1u << RG_NOTICE_PREEMPT))) {
+            /* A node leaves: the last checkpoint of this step (every rank is at it), then
+             * exit; a restart resumes here. */
+            if (!save) {
+                state_tensors(t, tensors, &n_tensors);
+                state.n_tensors = n_tensors;
+            }
+            st = rg_train_leave(ctx, &rep, &state);
+            if (rank == 0) {
+                if (st == RG_OK) {
+                    printf("left at step %llu: checkpoint committed\n",
+                           (unsigned long long)done);
+                } else {
+                    printf("left at step %llu: no last checkpoint: %s\n",
+                           (unsigned long long)done, rg_last_error());
+                }
+                fflush(stdout);
+            }
+            rg_loader_destroy(loader);
+            return st;
+        }
         if (st != RG_OK) {
             break;
         }

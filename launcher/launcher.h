@@ -22,6 +22,8 @@
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
  * launcher_c10d.c    --rdzv-backend=c10d: serving the rendezvous from the endpoint's host.
  * launcher_slurm.c   under srun: defaults from the Slurm job step's environment.
+ * launcher_notice.c  preemption notices (the clouds' metadata, SIGTERM): a node that leaves on
+ *                    purpose, its last checkpoint, and the others told (launcher_notice.h).
  * launcher_status.c  `regroup status`.
  */
 #ifndef REGROUP_LAUNCHER_H
@@ -43,7 +45,7 @@ typedef enum {
     RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
     RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
     RG_AGENT_MONITOR, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
-    RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA,
+    RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
     RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
     RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
@@ -64,6 +66,15 @@ typedef enum {
     RG_AGENT_NUMA_EXCLUSIVE,        /* disjoint whole cores of that node, per local rank */
     RG_AGENT_NUMA_CORE_COMPLEX,     /* one L3 cache group of that node */
 } rg_agent_numa_t;
+
+/* --preemption-notice: whose instance metadata the agent watches (launcher_notice.c). */
+typedef enum {
+    RG_AGENT_NOTICE_NONE,           /* none (the default): only SIGTERM */
+    RG_AGENT_NOTICE_AWS,            /* EC2 spot instance-action, IMDSv2 */
+    RG_AGENT_NOTICE_GCE,            /* Compute Engine instance/preempted */
+    RG_AGENT_NOTICE_AZURE,          /* Azure Scheduled Events: Preempt, Terminate */
+    RG_AGENT_NOTICE_AUTO,           /* the first of those that answers */
+} rg_agent_notice_t;
 
 #define RG_AGENT_C10D_PORT 29400    /* torchrun's default port of a c10d endpoint */
 
@@ -100,6 +111,7 @@ typedef struct {
                                      * ranks_shown[i] reach the console (files get all) */
     unsigned char ranks_shown[LAUNCHER_MAX_NPROC];
     rg_agent_numa_t numa;           /* CPU binding of the local ranks (launcher_numa.c) */
+    rg_agent_notice_t notice;       /* preemption notices watched (launcher_notice.c) */
     char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
     bool        module;             /* run argv[0] as a python module */
@@ -142,7 +154,8 @@ rg_etcd_params_t launcher_etcd_params(const rg_agent_params_t *p, const char *en
 /*
  * Runs the agent until the job ends for this node. Blocks. Returns (and puts in result, which
  * may be NULL):
- *   RG_OK          the job finished (this node's workers succeeded, or it ended without us)
+ *   RG_OK          the job finished (this node's workers succeeded, or it ended without us),
+ *                  or this node left it on a preemption notice (--preemption-notice)
  *   RG_EINVAL      p failed rg_agent_params_check; nothing was started
  *   RG_EJOBFAILED  the workers failed more than max_restarts times
  *   RG_ECANCELED   SIGTERM, SIGINT or SIGHUP stopped the agent (result->signal says which);

@@ -11,6 +11,7 @@
 
 #include "etcd_server.h"
 #include "launcher_c10d.h"
+#include "launcher_notice.h"
 #include "rg_notice.h"
 
 #include <errno.h>
@@ -23,12 +24,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define AGENT_MAX_FDS (2 + 2 * LAUNCHER_MAX_NPROC)
+#define AGENT_MAX_FDS (3 + 2 * LAUNCHER_MAX_NPROC)
 
 typedef enum {
     ROUND_SUCCEEDED,    /* every local worker exited 0 */
     ROUND_RESTART,      /* join the next round */
     ROUND_STOPPED,      /* a signal told the agent to stop */
+    ROUND_LEFT,         /* this node left on purpose (a preemption notice, SIGTERM) */
     ROUND_ERROR,        /* the agent cannot go on */
 } round_end_t;
 
@@ -42,6 +44,8 @@ typedef struct {
     int                      restart_count;
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     rg_notice_host_t         notice;         /* the page the workers read (rg_notice.h) */
+    launcher_watch_t        *watch;          /* --preemption-notice's watcher, or NULL */
+    char                     left_why[LAUNCHER_NOTICE_REASON_MAX]; /* ROUND_LEFT's reason */
     char                     endpoints[1024];
     char                     local_addr[256];
     char                     log_dir[512];   /* cfg's, or a temporary one made here */
@@ -72,6 +76,17 @@ static int64_t agent_tick_ms(const rg_agent_params_t *cfg)
     return RG_MIN(cfg->monitor_ms, cfg->lease_ttl_s * 1000 / 4);
 }
 
+/* How a round ends once some node's leaving is over here: this node leaves, or (another one
+ * left) the job goes on at the next round. */
+static round_end_t agent_left(agent_t *ag, const launcher_leave_t *lv)
+{
+    if (!lv->own) {
+        return ROUND_RESTART;
+    }
+    snprintf(ag->left_why, sizeof(ag->left_why), "%s", lv->reason);
+    return ROUND_LEFT;
+}
+
 static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     const rg_agent_params_t *cfg = ag->cfg;
@@ -80,8 +95,11 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                            .notice_fd = ag->notice.fd};
     rg_status_t st;
 
+    launcher_leave_t lv;
+
     rg_log_set_identity(asg->rank_offset, asg->round);
     ag->restart_count = asg->restart_count;
+    launcher_leave_init(&lv, cfg, &ag->ws, ag->rdzv, &ag->notice, asg);
     st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
     if (st != RG_OK) {
         ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
@@ -92,6 +110,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     rg_info("round %d: started %d workers (ranks %d..%d of %d, restart %d)", asg->round,
             cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1, asg->world_size,
             asg->restart_count);
+    launcher_preempt_t pn;
+    if (launcher_watch_take(ag->watch, &pn)) {   /* it came while joining */
+        launcher_leave_begin(&lv, pn.reason, pn.end_ms);
+    }
     for (;;) {
         struct pollfd pfd[AGENT_MAX_FDS];
         int n = 0;
@@ -99,6 +121,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
 
         pfd[n++] = (struct pollfd){.fd = ag->sigfd, .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = rg_rdzv_fd(ag->rdzv), .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = launcher_watch_fd(ag->watch), .events = POLLIN};
         for (int i = 0; i < ag->ws.n; i++) {
             if (ag->ws.w[i].out_fd >= 0) {
                 pfd[n++] = (struct pollfd){.fd = ag->ws.w[i].out_fd, .events = POLLIN};
@@ -107,25 +130,44 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                 pfd[n++] = (struct pollfd){.fd = ag->ws.w[i].err_fd, .events = POLLIN};
             }
         }
-        if (poll(pfd, (nfds_t)n, (int)agent_tick_ms(cfg)) < 0 && errno != EINTR) {
+        if (poll(pfd, (nfds_t)n, (int)launcher_leave_poll_ms(&lv, agent_tick_ms(cfg))) < 0 &&
+            errno != EINTR) {
             ag->error = rg_error(RG_ESYS, "poll: %s", strerror(errno));
             fprintf(stderr, "regroup: %s\n", rg_last_error());
             launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
             return ROUND_ERROR;
         }
-        for (int k = 2; k < n; k++) {
+        for (int k = 3; k < n; k++) {
             if (pfd[k].revents != 0) {
                 launcher_workers_pump(&ag->ws, pfd[k].fd, cfg);
             }
         }
         if (read_signals(ag, &child)) {
-            rg_info("signal %d: stopping workers", ag->stop_signal);
-            launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
-            return ROUND_STOPPED;
+            if (ag->stop_signal != SIGTERM) {
+                rg_info("signal %d: stopping workers", ag->stop_signal);
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                return ROUND_STOPPED;
+            }
+            /* SIGTERM: a preemption with the grace period as its notice. */
+            launcher_leave_begin(&lv, "SIGTERM", rg_notice_now_ms() + cfg->grace_ms);
+        }
+        if (launcher_watch_take(ag->watch, &pn)) {
+            launcher_leave_begin(&lv, pn.reason, pn.end_ms);
         }
         if (child) {
             int failed;
             int running = launcher_workers_reap(&ag->ws, &failed);
+            if (failed >= 0 && launcher_leave_excused(&lv)) {
+                /* Part of a node's leaving (a peer gone, too little time to save): not a
+                 * failure of the job, and not counted against --max-restarts. */
+                launcher_worker_t *fw = &ag->ws.w[failed];
+                launcher_workers_drain(&ag->ws, failed, cfg);
+                fprintf(stderr, "regroup: worker rank %d ended (status 0x%x) while %s leaves; "
+                        "not counted as a failure\n", fw->rank, fw->wstatus,
+                        lv.own ? "this node" : "another node");
+                launcher_leave_stop(&lv);
+                return agent_left(ag, &lv);
+            }
             if (failed >= 0) {
                 rg_rdzv_failure_t f;
                 char err[8192];
@@ -145,8 +187,16 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
             }
             if (running == 0) {
                 launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);   /* closes pipes and logs */
+                if (launcher_leave_excused(&lv)) {
+                    /* their last checkpoint taken: the job goes on (without a node) */
+                    return agent_left(ag, &lv);
+                }
                 return ROUND_SUCCEEDED;
             }
+        }
+        if (launcher_leave_expired(&lv)) {
+            launcher_leave_stop(&lv);
+            return agent_left(ag, &lv);
         }
         rg_rdzv_change_t change;
         st = rg_rdzv_check(ag->rdzv, &change);
@@ -157,6 +207,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
         if (change != RG_RDZV_LEASE_LOST) {
             rg_notice_heartbeat(&ag->notice);   /* still a live member of the job */
         }
+        launcher_leave_others(&lv);
+        if (change != RG_RDZV_NONE && launcher_leave_holds(&lv, change)) {
+            continue;   /* the workers' last checkpoint first */
+        }
         if (change != RG_RDZV_NONE) {
             static const char *const why[] = {"", "a worker failed on another node",
                                               "a node was lost", "a node is waiting to join",
@@ -164,7 +218,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                                               "this agent's lease was lost"};
             rg_info("round %d ends: %s", asg->round, why[change]);
             launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
-            return ROUND_RESTART;
+            return lv.own ? agent_left(ag, &lv) : ROUND_RESTART;
         }
     }
 }
@@ -181,10 +235,19 @@ static rg_status_t agent_loop(agent_t *ag)
         return rg_error(RG_ENOMEM, "rendezvous assignment");
     }
     for (;;) {
-        st = rg_rdzv_join(ag->rdzv, ag->sigfd, asg);
+        st = rg_rdzv_join(ag->rdzv, launcher_watch_join_fd(ag->watch, ag->sigfd), asg);
         if (st == RG_ECANCELED) {
             bool child = false;
+            launcher_preempt_t pn;
             if (read_signals(ag, &child)) {
+                break;
+            }
+            if (launcher_watch_take(ag->watch, &pn)) {
+                /* no workers to save anything: the node leaves now */
+                launcher_watch_ack(ag->watch);
+                fprintf(stderr, "regroup: this node left the job before joining it (%s)\n",
+                        pn.reason);
+                st = RG_OK;
                 break;
             }
             continue;   /* only SIGCHLD of an old worker: join again */
@@ -219,6 +282,12 @@ static rg_status_t agent_loop(agent_t *ag)
             break;
         }
         if (end == ROUND_STOPPED) {
+            break;
+        }
+        if (end == ROUND_LEFT) {
+            launcher_watch_ack(ag->watch);
+            fprintf(stderr, "regroup: this node left the job (%s)\n", ag->left_why);
+            st = RG_OK;
             break;
         }
         if (end == ROUND_ERROR) {
@@ -352,6 +421,11 @@ static rg_status_t agent_main(agent_t *ag)
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         goto out;
     }
+    st = launcher_watch_start(cfg->notice, &ag->watch);
+    if (st != RG_OK) {
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        goto out;
+    }
     st = agent_loop(ag);
     /* Leaving on purpose: the others regroup now instead of after the lease TTL. The loop's
      * message is what the caller reads, not this one's. */
@@ -364,6 +438,8 @@ static rg_status_t agent_main(agent_t *ag)
         rg_error(st, "%s", msg);
     }
 out:
+    launcher_watch_stop(ag->watch);
+    ag->watch = NULL;
     rg_rdzv_destroy(ag->rdzv);
     rg_notice_host_destroy(&ag->notice);
     if (etcd != NULL) {

@@ -16,7 +16,7 @@ typedef enum {
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
     O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
     O_START_METHOD, O_RUN_PATH, O_LOGS_SPECS, O_RANKS_FILTER, O_NUMA, O_EVENT_LOG,
-    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_COUNT
+    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_COUNT
 } opt_id_t;
 
 typedef struct {
@@ -59,13 +59,15 @@ static const opt_t opts[] = {
     {"event-log-handler", 0, O_EVENT_LOG, true, NULL, -1},
     {"virtual-local-rank", 0, O_VIRTUAL_LOCAL_RANK, false, NULL, -1},
     {"signals-to-handle", 0, O_SIGNALS, true, NULL, -1},
+    {"preemption-notice", 0, O_NOTICE, true, "REGROUP_PREEMPTION_NOTICE", RG_AGENT_NOTICE},
 };
 
 /* torchrun's options that it also reads from PET_<NAME> (its `env` action): all of them but
  * regroup's own (--grace-period, --print-config) and --help. */
 static bool has_pet(const opt_t *o)
 {
-    return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE;
+    return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE &&
+           o->id != O_NOTICE;
 }
 
 /* "PET_NPROC_PER_NODE" for nproc-per-node. */
@@ -122,6 +124,11 @@ void launcher_usage(FILE *out)
 "  --local-ranks-filter=0,1  only these local ranks' output on the console (files: all)\n"
 "  --numa-binding=node|socket|exclusive|core-complex  bind each local rank's CPUs\n"
 "                            (default: none)\n"
+"  --preemption-notice=aws|gce|azure|auto|none  watch the cloud's instance metadata for a\n"
+"                            preemption notice (default none): the node then leaves as on\n"
+"                            SIGTERM, its workers taking a last checkpoint before the time\n"
+"                            the notice gives; REGROUP_METADATA_URL replaces the services'\n"
+"                            base URL (http://169.254.169.254)\n"
 "  --start-method, --event-log-handler, --signals-to-handle  accepted, no effect\n"
 "  --run-path, --logs-specs, --virtual-local-rank  refused, saying why\n"
 "  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
@@ -475,6 +482,18 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
             return bad_src(o, src, v, "expected node, socket, exclusive, core-complex or none");
         }
         break;
+    case O_NOTICE: {
+        static const char *const names[] = {"none", "aws", "gce", "azure", "auto"};
+        size_t k = 0;
+        while (k < RG_ARRAY_SIZE(names) && strcmp(v, names[k]) != 0) {
+            k++;
+        }
+        if (k == RG_ARRAY_SIZE(names)) {
+            return bad_src(o, src, v, "expected aws, gce, azure, auto or none");
+        }
+        p->notice = (rg_agent_notice_t)k;
+        break;
+    }
     case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:

@@ -4,6 +4,7 @@
  * reads the option or variable and the user of rg_trainer_fit reads the struct field.
  */
 #include "launcher.h"
+#include "launcher_notice.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_TEE] = {"tee", "tee", NULL, K_INT, true},
     [RG_AGENT_RANKS_FILTER] = {"local_ranks_filter", "local-ranks-filter", NULL, K_STR, true},
     [RG_AGENT_NUMA] = {"numa_binding", "numa-binding", NULL, K_STR, true},
+    [RG_AGENT_NOTICE] = {"preemption_notice", "preemption-notice", NULL, K_STR, true},
     [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
     [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
     [RG_AGENT_USER] = {"user", "rdzv-conf", "user", K_STR, false},
@@ -144,6 +146,12 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
                                              "core-complex"};
         snprintf(buf, len, "%s", (unsigned)p->numa < RG_ARRAY_SIZE(names) ? names[p->numa]
                                                                            : "?");
+        break;
+    }
+    case RG_AGENT_NOTICE: {
+        static const char *const names[] = {"none", "aws", "gce", "azure", "auto"};
+        snprintf(buf, len, "%s", (unsigned)p->notice < RG_ARRAY_SIZE(names) ? names[p->notice]
+                                                                             : "?");
         break;
     }
     case RG_AGENT_LEASE_TTL: snprintf(buf, len, "%lld", (long long)p->lease_ttl_s); break;
@@ -285,6 +293,12 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     if ((unsigned)p->numa > RG_AGENT_NUMA_CORE_COMPLEX) {
         return BAD(RG_AGENT_NUMA, "expected node, socket, exclusive, core-complex or none");
     }
+    if ((unsigned)p->notice > RG_AGENT_NOTICE_AUTO) {
+        return BAD(RG_AGENT_NOTICE, "expected aws, gce, azure, auto or none");
+    }
+    if (p->notice != RG_AGENT_NOTICE_NONE && launcher_metadata_url_check() != RG_OK) {
+        return RG_EINVAL;   /* the message names the variable */
+    }
     if (p->numa != RG_AGENT_NUMA_NONE) {
         /* Said now rather than when the workers start: fewer cores than local ranks. */
         cpu_set_t *sets = calloc((size_t)p->nproc, sizeof(*sets));
@@ -371,5 +385,12 @@ void rg_agent_params_print(const rg_agent_params_t *p, FILE *out)
             snprintf(v, sizeof(v), "(auto)");
         }
         fprintf(out, "%-20s %-40s %s\n", d->key, v, from);
+        if (f == RG_AGENT_NOTICE && p->notice != RG_AGENT_NOTICE_NONE) {
+            /* where the watcher looks (launcher_notice.c) */
+            const char *url = getenv("REGROUP_METADATA_URL");
+            bool set = url != NULL && url[0] != '\0';
+            fprintf(out, "%-20s %-40s %s\n", "metadata_url", set ? url : "http://169.254.169.254",
+                    set ? "REGROUP_METADATA_URL" : "default");
+        }
     }
 }

@@ -38,6 +38,7 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     char k_nodes[RDZV_KEY_MAX];
     char k_done[RDZV_KEY_MAX];
     char k_wait[RDZV_KEY_MAX];
+    char k_leave[RDZV_KEY_MAX];
     rg_etcd_txn_t t;
     rg_status_t st;
 
@@ -71,11 +72,14 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     if (st == RG_OK) {
         st = rdzv_keys_waiting_prefix(&z->keys, k_wait, sizeof(k_wait));
     }
+    if (st == RG_OK) {
+        st = rdzv_keys_leaving_prefix(&z->keys, r, k_leave, sizeof(k_leave));
+    }
     if (st != RG_OK) {
         return st;
     }
     /* One read of everything that can end the round. */
-    rg_etcd_op_t ops[5] = {
+    rg_etcd_op_t ops[6] = {
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_round}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = true,
                                                .count_only = true}},
@@ -85,11 +89,14 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
                                                .keys_only = true}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_wait, .prefix = true,
                                                .count_only = true}},
+        /* not a change by itself: the launcher reads it through rdzv_leaving_seen */
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_leave, .prefix = true}},
     };
-    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 5, NULL, 0, 0, &t);
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 6, NULL, 0, 0, &t);
     if (st != RG_OK) {
         return st;
     }
+    rdzv_leaving_note(z, &t.results[5].u.range);
     const rg_etcd_range_t *round = &t.results[0].u.range;
     int64_t now_round = 0;
     if (round->n_kvs == 1 &&

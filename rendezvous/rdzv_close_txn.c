@@ -40,6 +40,19 @@ static int last_closed_before(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *a)
     return -1;
 }
 
+/* Whether agent has a key in leaving (a range of the keys under prefix). */
+static bool left_on_purpose(const rg_etcd_range_t *leaving, const char *prefix,
+                            const char *agent)
+{
+    for (size_t i = 0; i < leaving->n_kvs; i++) {
+        const char *who = rdzv_keys_tail(leaving->kvs[i].key, prefix);
+        if (who != NULL && strcmp(who, agent) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* What the close policy needs beyond the round's own nodes: the previous closed round, its
  * live members, the waiting nodes and whether the previous round failed. The ranges hold the
  * agent ids in->expected points to: clean them up after the plan. */
@@ -49,6 +62,7 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
     char k_live[RDZV_KEY_MAX];
     char k_wait[RDZV_KEY_MAX];
     char k_fail[RDZV_KEY_MAX];
+    char k_leave[RDZV_KEY_MAX];
     int prev_round = last_closed_before(z, r, &z->prev);
     rg_status_t st;
 
@@ -63,18 +77,24 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
     if (st == RG_OK) {
         st = rdzv_keys_failures_round_prefix(&z->keys, prev_round, k_fail, sizeof(k_fail));
     }
+    if (st == RG_OK) {
+        st = rdzv_keys_leaving_prefix(&z->keys, prev_round, k_leave, sizeof(k_leave));
+    }
     if (st != RG_OK) {
         return st;
     }
-    rg_etcd_op_t ops[3] = {
+    rg_etcd_op_t ops[4] = {
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_live, .prefix = true,
                                                .keys_only = true}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_wait, .prefix = true,
                                                .keys_only = true}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = true,
                                                .count_only = true}},
+        /* members that left on purpose are not waited for, even before their lease goes */
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_leave, .prefix = true,
+                                               .keys_only = true}},
     };
-    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 3, NULL, 0, 0, t);
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 4, NULL, 0, 0, t);
     if (st != RG_OK) {
         return st;
     }
@@ -86,7 +106,8 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
         const rg_etcd_range_t *res = &t->results[k].u.range;
         for (size_t i = 0; i < res->n_kvs; i++) {
             const char *agent = rdzv_keys_tail(res->kvs[i].key, k == 0 ? k_live : k_wait);
-            if (agent == NULL) {
+            if (agent == NULL || (k == 0 && left_on_purpose(&t->results[3].u.range, k_leave,
+                                                            agent))) {
                 continue;
             }
             if (in->n_expected == RDZV_EXPECT_MAX) {

@@ -11,6 +11,7 @@
  *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
  *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
  *   rdzv_print.c      the failure table at the end of a failed job
+ *   rdzv_leaving.c    nodes that leave on purpose (rdzv_leaving.h): their records
  *
  * An event never decides anything: it only says "look again", and the state is then read in
  * one range or transaction, so a dropped watch or a compaction cannot make an agent miss a
@@ -22,6 +23,7 @@
 
 #include "etcd_internal.h"
 #include "rdzv_keys.h"
+#include "rdzv_leaving.h"
 
 #include <regroup/rdzv.h>
 
@@ -101,6 +103,9 @@ struct rg_rdzv {
     const char      *expected[RDZV_EXPECT_MAX];
     rg_rdzv_assignment_t prev;
     rg_rdzv_assignment_t closing;
+    /* the other agents' leaving/ records at the last check (rdzv_leaving.c) */
+    rdzv_leaving_rec_t leaving[RDZV_LEAVING_MAX];
+    int              n_leaving;
 };
 
 /* rdzv_lease.c: (re)starts the lease and its keeper, within deadline; stops them. */
@@ -120,6 +125,9 @@ rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
 /* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
  * revision rev) and closes the round if it says so; *wake_ns is when to look again. */
 rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64_t *wake_ns);
+
+/* rdzv_leaving.c: keeps the other agents' records of a range of leaving/. */
+void        rdzv_leaving_note(rg_rdzv_t *z, const rg_etcd_range_t *r);
 
 /* rdzv_check.c: true if key is in r's keys. */
 bool rdzv_range_has(const rg_etcd_range_t *r, const char *key);

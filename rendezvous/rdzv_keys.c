@@ -169,6 +169,17 @@ rg_status_t rdzv_keys_ckpt_latest(const rdzv_keys_t *k, char *buf, size_t cap)
     return keys_fmt(k, buf, cap, "ckpt/latest");
 }
 
+rg_status_t rdzv_keys_leaving_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
+{
+    return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/leaving/", r);
+}
+
+rg_status_t rdzv_keys_leaving(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
+                              size_t cap)
+{
+    return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/leaving/%s", r, agent);
+}
+
 const char *rdzv_keys_tail(const char *key, const char *prefix)
 {
     size_t n = strlen(prefix);

@@ -86,6 +86,10 @@ rg_status_t rdzv_keys_restored(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                                                     /* status/restored */
 rg_status_t rdzv_keys_ckpt_latest(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                                                         /* ckpt/latest */
+rg_status_t rdzv_keys_leaving_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
+    RG_NODISCARD;                                                 /* rounds/<r>/leaving/ */
+rg_status_t rdzv_keys_leaving(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
+                              size_t cap) RG_NODISCARD;      /* rounds/<r>/leaving/<agent> */
 
 /* The rest of key after prefix (a prefix built above), or NULL if key is not under it or
  * nothing follows it: the agent of a nodes/ or waiting/ key, the rank of a progress key. */
@@ -209,6 +213,25 @@ typedef struct {
 rg_status_t rdzv_rec_restored_encode(const rdzv_restored_rec_t *r, char *buf, size_t cap)
     RG_NODISCARD;
 rg_status_t rdzv_rec_restored_decode(const char *v, size_t len, rdzv_restored_rec_t *r)
+    RG_NODISCARD;
+
+/* rounds/<r>/leaving/<agent>: {"agent","addr","reason","deadline","time"}: a member of round
+ * r that leaves the job on purpose (a cloud's preemption notice, SIGTERM). No lease: it stays
+ * with the round's history, so that an agent whose worker failed because of it finds it even
+ * after the node is gone. deadline and time are wall seconds (each machine has its own
+ * monotonic clock): when the node's workers must be done, and when it said so. reason is
+ * 0-127 bytes of text. */
+#define RDZV_LEAVING_REASON_MAX 128
+typedef struct {
+    char   agent[RG_RDZV_ID_MAX];
+    char   addr[RG_RDZV_ADDR_MAX];
+    char   reason[RDZV_LEAVING_REASON_MAX];
+    double deadline;
+    double time;
+} rdzv_leaving_rec_t;
+
+rg_status_t rdzv_rec_leaving_encode(const rdzv_leaving_rec_t *l, char **text_p) RG_NODISCARD;
+rg_status_t rdzv_rec_leaving_decode(const char *v, size_t len, rdzv_leaving_rec_t *l)
     RG_NODISCARD;
 
 #endif

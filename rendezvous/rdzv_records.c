@@ -529,3 +529,39 @@ rg_status_t rdzv_rec_restored_decode(const char *v, size_t len, rdzv_restored_re
     *out = r;
     return RG_OK;
 }
+
+/* ---- leaving record ----------------------------------------------------------------------- */
+
+rg_status_t rdzv_rec_leaving_encode(const rdzv_leaving_rec_t *l, char **text_p)
+{
+    if (!isfinite(l->deadline) || !isfinite(l->time) ||
+        strlen(l->reason) >= sizeof(l->reason)) {
+        return rg_error(RG_EINVAL, "leaving record: bad deadline, time or reason");
+    }
+    return dump("leaving", json_pack("{s:s, s:s, s:s, s:f, s:f}", "agent", l->agent, "addr",
+                                     l->addr, "reason", l->reason, "deadline", l->deadline,
+                                     "time", l->time),
+                text_p);
+}
+
+rg_status_t rdzv_rec_leaving_decode(const char *v, size_t len, rdzv_leaving_rec_t *out)
+{
+    json_t *j = load("leaving", v, len);
+    rdzv_leaving_rec_t l = {0};
+    bool ok;
+
+    if (j == NULL) {
+        return RG_EPROTO;
+    }
+    ok = get_str(j, "agent", l.agent, sizeof(l.agent)) && l.agent[0] != '\0' &&
+         get_str(j, "addr", l.addr, sizeof(l.addr)) &&
+         get_str(j, "reason", l.reason, sizeof(l.reason)) &&
+         get_real(j, "deadline", &l.deadline) && isfinite(l.deadline) &&
+         get_real(j, "time", &l.time) && isfinite(l.time);
+    json_decref(j);
+    if (!ok) {
+        return rg_error(RG_EPROTO, "leaving record: a field is missing or malformed");
+    }
+    *out = l;
+    return RG_OK;
+}

@@ -171,6 +171,36 @@ static void print_members(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, 
     free(a);
 }
 
+/* The members of the last two rounds that left on purpose or are leaving (a preemption
+ * notice, SIGTERM): who, why, and their workers' deadline. */
+static void print_leaving(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, FILE *out)
+{
+    for (int64_t q = RG_MAX(round - 1, 0); q <= round; q++) {
+        char key[RDZV_KEY_MAX];
+        rg_etcd_range_t r;
+        rg_etcd_range_req_t rq = {.key = key, .prefix = true};
+
+        if (rdzv_keys_leaving_prefix(keys, q, key, sizeof(key)) != RG_OK ||
+            rg_etcd_range(c, &rq, 0, &r) != RG_OK) {
+            continue;
+        }
+        for (size_t i = 0; i < r.n_kvs; i++) {
+            rdzv_leaving_rec_t l;
+            char when[64];
+            if (rdzv_rec_leaving_decode(r.kvs[i].value, r.kvs[i].value_len, &l) != RG_OK) {
+                fprintf(out, "leaving: %s (unreadable: %s)\n", r.kvs[i].key, rg_last_error());
+                continue;
+            }
+            time_str(l.deadline, when, sizeof(when));
+            double left = l.deadline - rg_wall_s();
+            fprintf(out, "leaving: round %lld: node %s (%s): %s; workers' deadline %s (%.1f s "
+                    "%s)\n", (long long)q, l.addr, l.agent, l.reason, when,
+                    left >= 0 ? left : -left, left >= 0 ? "from now" : "ago");
+        }
+        rg_etcd_range_cleanup(&r);
+    }
+}
+
 rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job, FILE *out)
 {
     rdzv_keys_t keys;
@@ -221,6 +251,7 @@ rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job
             rg_etcd_range_cleanup(&w);
         }
     }
+    print_leaving(c, &keys, round, out);
     if (rdzv_keys_failures_prefix(&keys, key, sizeof(key)) == RG_OK) {
         rg_etcd_range_req_t fq = {.key = key, .prefix = true, .count_only = true};
         rg_etcd_range_t f;

@@ -60,6 +60,10 @@ START_TEST(test_keys_layout)
     ck_assert_str_eq(b, "/regroup/job-1/status/restored");
     CK_OK(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/ckpt/latest");
+    CK_OK(rdzv_keys_leaving_prefix(&k, 6, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/");
+    CK_OK(rdzv_keys_leaving(&k, 6, "a", b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/a");
 
     ck_assert_str_eq(rdzv_keys_tail("/regroup/job-1/waiting/a-1-00000000",
                                     "/regroup/job-1/waiting/"), "a-1-00000000");
@@ -473,6 +477,49 @@ START_TEST(test_restored_record)
 }
 END_TEST
 
+START_TEST(test_leaving_record)
+{
+    rdzv_leaving_rec_t l = {.agent = "vm-12-0000abcd", .addr = "10.0.0.2",
+                            .reason = "aws spot instance-action: terminate at "
+                                      "2026-12-01T12:00:00Z",
+                            .deadline = 1796126400.5, .time = 1796126280.25};
+    rdzv_leaving_rec_t d;
+    char *text = NULL;
+
+    CK_OK(rdzv_rec_leaving_encode(&l, &text));
+    CK_OK(rdzv_rec_leaving_decode(text, strlen(text), &d));
+    ck_assert_str_eq(d.agent, l.agent);
+    ck_assert_str_eq(d.addr, l.addr);
+    ck_assert_str_eq(d.reason, l.reason);
+    ck_assert(d.deadline == l.deadline && d.time == l.time);
+    for (size_t len = 0; len < strlen(text); len++) {
+        ck_assert_int_eq(rdzv_rec_leaving_decode(text, len, &d), RG_EPROTO);
+    }
+    free(text);
+    l.deadline = NAN;
+    ck_assert_int_eq(rdzv_rec_leaving_encode(&l, &text), RG_EINVAL);
+    const char *bad[] = {
+        "{\"agent\":\"\",\"addr\":\"a\",\"reason\":\"r\",\"deadline\":1,\"time\":1}",
+        "{\"agent\":\"a\",\"addr\":\"a\",\"reason\":\"r\",\"deadline\":\"1\",\"time\":1}",
+        "{\"agent\":\"a\",\"addr\":\"a\",\"reason\":7,\"deadline\":1,\"time\":1}",
+        "{\"agent\":\"a\",\"addr\":\"a\",\"reason\":\"r\",\"deadline\":1}",
+        "[\"agent\"]",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_msg(rdzv_rec_leaving_decode(bad[i], strlen(bad[i]), &d) == RG_EPROTO, "%s",
+                      bad[i]);
+    }
+    /* a reason that does not fit is refused, not cut */
+    char longr[300];
+    memset(longr, 'x', sizeof(longr) - 1);
+    longr[sizeof(longr) - 1] = '\0';
+    char doc[600];
+    snprintf(doc, sizeof(doc), "{\"agent\":\"a\",\"addr\":\"a\",\"reason\":\"%s\","
+             "\"deadline\":1,\"time\":1}", longr);
+    ck_assert_int_eq(rdzv_rec_leaving_decode(doc, strlen(doc), &d), RG_EPROTO);
+}
+END_TEST
+
 /* ---- golden records in tests/data/rdzv/ ---------------------------------------------------- */
 
 #ifndef RDZV_TEST_DATA
@@ -520,6 +567,9 @@ static rg_status_t decode_file(const char *name)
         return rdzv_rec_progress_decode(v, n, &p);
     } else if (strncmp(kind, "restored", 8) == 0) {
         return rdzv_rec_restored_decode(v, n, &r);
+    } else if (strncmp(kind, "leaving", 7) == 0) {
+        rdzv_leaving_rec_t l;
+        return rdzv_rec_leaving_decode(v, n, &l);
     } else if (strncmp(kind, "round", 5) == 0) {
         return rdzv_rec_round_decode(v, n, &x);
     } else if (strncmp(kind, "latest", 6) == 0) {
@@ -532,10 +582,12 @@ static rg_status_t decode_file(const char *name)
 START_TEST(test_golden_records)
 {
     const char *good[] = {"node.json", "waiting.json", "closed.json", "failure.json",
-                          "progress.json", "restored.json", "round.txt", "latest.txt"};
+                          "progress.json", "restored.json", "round.txt", "latest.txt",
+                          "leaving.json"};
     const char *bad[] = {"bad_closed_cut.json", "bad_closed_nproc.json",
                          "bad_node_duplicate.json", "bad_progress_type.json",
-                         "bad_restored_missing.json", "bad_round_space.txt"};
+                         "bad_restored_missing.json", "bad_round_space.txt",
+                         "bad_leaving_deadline.json"};
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         ck_assert_msg(decode_file(good[i]) == RG_OK, "%s: %s", good[i], rg_last_error());
     }
@@ -571,6 +623,7 @@ static Suite *rdzv_keys_suite(void)
     tcase_add_test(tr, test_failure_record);
     tcase_add_test(tr, test_progress_record);
     tcase_add_test(tr, test_restored_record);
+    tcase_add_test(tr, test_leaving_record);
     tcase_add_test(tr, test_golden_records);
     suite_add_tcase(s, tr);
     return s;

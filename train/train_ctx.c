@@ -7,6 +7,7 @@
 #include "rdzv_keys.h"
 #include "rg_common.h"
 #include "rg_notice.h"
+#include "train_internal.h"
 
 #include <regroup/etcd.h>
 #include <regroup/train.h>
@@ -23,26 +24,6 @@
 /* Every report rg_report accepts fits the progress record. */
 _Static_assert(RG_TRAIN_MAX_METRICS <= RDZV_PROGRESS_METRICS, "progress record metrics");
 
-struct rg_train_ctx {
-    int              rank;
-    int              world;
-    int              local_rank;
-    int              local_size;
-    int              round;
-    int              restart_count;
-    char             job[128];
-    rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
-    char             ckpt_root[1024];
-    rg_etcd_t       *etcd;
-    rg_comm_t       *comm;
-    rg_ckpt_t       *ckpt;
-    rg_ckpt_save_t  *save;           /* the checkpoint in flight, if any */
-    int64_t          save_step;
-    uint64_t         last_progress_ns;
-    rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
-    rg_notice_t      agreed;         /* what the last rg_report agreed on */
-    uint64_t         agreed_ns;      /* when */
-};
 
 _Static_assert(RG_NOTICE_PREEMPT == (int)RG_NOTICE_KIND_PREEMPT &&
                RG_NOTICE_MEMBERS == (int)RG_NOTICE_KIND_MEMBERS, "notice kinds");
@@ -168,11 +149,20 @@ err:
 /* Waits for the checkpoint in flight; returns its result. */
 static rg_status_t finish_save(rg_train_ctx_t *ctx)
 {
+    return train_save_finish(ctx, RG_DEADLINE_DEFAULT);
+}
+
+rg_status_t train_save_finish(rg_train_ctx_t *ctx, rg_deadline_t deadline)
+{
     rg_status_t st = RG_OK;
     if (ctx->save == NULL) {
         return RG_OK;
     }
-    st = rg_ckpt_save_wait(ctx->save, RG_DEADLINE_DEFAULT);
+    st = rg_ckpt_save_wait(ctx->save, deadline);
+    if (deadline != RG_DEADLINE_DEFAULT && st == RG_ETIMEDOUT &&
+        rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
+        return st;   /* still running: the caller's deadline, not the save's failure */
+    }
     if (st != RG_OK) {
         rg_error_log("checkpoint of step %lld failed: %s", (long long)ctx->save_step,
                      rg_ckpt_save_error(ctx->save));
@@ -381,6 +371,13 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     /* One save staged at a time. A failure of the previous one found above is kept: it is
      * the caller's only word that that checkpoint never landed. */
     prev = st != RG_OK ? st : finish_save(ctx);
+    st = train_save_start(ctx, report->step, state);
+    return prev != RG_OK ? prev : st;
+}
+
+rg_status_t train_save_start(rg_train_ctx_t *ctx, int64_t step, const rg_train_state_t *state)
+{
+    rg_status_t st;
     size_t n = state->n_tensors + 1;
     rg_ckpt_tensor_t *t = calloc(n, sizeof(*t));
     if (t == NULL) {
@@ -396,21 +393,24 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
                                          .row_count = 3, .data = cursor,
                                          .flags = RG_CKPT_REPLICATED};
     }
-    st = rg_ckpt_save(ctx->ckpt, report->step, t, n_save, 0, &ctx->save);
+    st = rg_ckpt_save(ctx->ckpt, step, t, n_save, 0, &ctx->save);
     free(t);
     if (st == RG_EEXIST) {
         /* An earlier attempt of the job committed this very step (the steps since the
          * checkpoint it resumed from are replayed exactly): nothing to add. */
-        rg_info("checkpoint step %lld is already committed", (long long)report->step);
+        rg_info("checkpoint step %lld is already committed", (long long)step);
         ctx->save = NULL;
-        return prev != RG_OK ? prev : RG_OK;
+        ctx->save_step = step;
+        ctx->save_committed = true;
+        return RG_OK;
     }
     if (st != RG_OK) {
         ctx->save = NULL;
-        return prev != RG_OK ? prev : st;
+        return st;
     }
-    ctx->save_step = report->step;
-    return prev != RG_OK ? prev : RG_OK;
+    ctx->save_step = step;
+    ctx->save_committed = false;
+    return RG_OK;
 }
 
 rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,

@@ -157,6 +157,25 @@ typedef struct {
  * NULL. */
 rg_status_t rg_train_notice(const rg_train_ctx_t *ctx, rg_notice_t *notice) RG_TRAIN_NODISCARD;
 
+/*
+ * Collective. The last checkpoint before a preemption: after rg_report returned RG_EMEMBERS
+ * with RG_NOTICE_PREEMPT among rg_train_notice's kinds (some node of the job leaves: a
+ * cloud's preemption notice, or SIGTERM with the launcher's grace period), saves report->step
+ * (the same step on every rank: rg_report agreed on it) and waits, within the notice's
+ * ms_left, until rank 0 has committed it. If rg_report is already saving that step (it was
+ * given state there), it only waits for that save; otherwise it saves state, which must then
+ * be given. The ranks agree on the outcome before returning (one allreduce), so all return
+ * the same: RG_OK, the step is committed and the program should exit 0 (a restart-mode job
+ * resumes from this step, with no step lost); RG_ETIMEDOUT, too little time (the deadline had
+ * passed, or the save did not finish before it): the checkpoint never becomes visible and the
+ * job resumes from the previous one, and the program should exit too. Also RG_EINVAL (no
+ * preemption notice, no state for a step not being saved), RG_ENOENT (no checkpoint root),
+ * the checkpoint's errors, and the group's (RG_EPEER). Blocks up to ms_left (and a moment for
+ * the agreement). The caller keeps report and state.
+ */
+rg_status_t rg_train_leave(rg_train_ctx_t *ctx, const rg_report_t *report,
+                           const rg_train_state_t *state) RG_TRAIN_NODISCARD;
+
 /* Collective. The newest committed checkpoint (one with a MANIFEST): rank 0 lists the
  * checkpoint root and broadcasts its step to every rank, so that all get the same *step_p.
  * Verifies nothing (rg_train_restore finds and skips a checkpoint that cannot be read).

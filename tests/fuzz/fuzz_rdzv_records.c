@@ -29,6 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rg_rdzv_member_t m;
     rdzv_failure_rec_t f;
     rdzv_restored_rec_t r;
+    rdzv_leaving_rec_t l;
     int64_t x;
 
     if (v == NULL) {
@@ -51,6 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check(rdzv_rec_progress_decode(v, size, &p));
     check(rdzv_rec_restored_decode(v, size, &r));
+    check(rdzv_rec_leaving_decode(v, size, &l));
     free(v);
     return 0;
 }

@@ -1,0 +1,47 @@
+/*
+ * The worker API's context, shared by its files: train_ctx.c (the context, progress, the
+ * asynchronous checkpoints, restoring) and train_leave.c (the last checkpoint before a node
+ * leaves). A context belongs to one thread, as <regroup/train.h> says.
+ */
+#ifndef REGROUP_TRAIN_INTERNAL_H
+#define REGROUP_TRAIN_INTERNAL_H
+
+#include "rdzv_keys.h"
+#include "rg_common.h"
+#include "rg_notice.h"
+
+#include <regroup/etcd.h>
+#include <regroup/train.h>
+
+struct rg_train_ctx {
+    int              rank;
+    int              world;
+    int              local_rank;
+    int              local_size;
+    int              round;
+    int              restart_count;
+    char             job[128];
+    rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
+    char             ckpt_root[1024];
+    rg_etcd_t       *etcd;
+    rg_comm_t       *comm;
+    rg_ckpt_t       *ckpt;
+    rg_ckpt_save_t  *save;           /* the checkpoint in flight, if any */
+    int64_t          save_step;      /* of the save in flight, or of the last one started */
+    bool             save_committed; /* save_step was found committed already (RG_EEXIST) */
+    uint64_t         last_progress_ns;
+    rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
+    rg_notice_t      agreed;         /* what the last rg_report agreed on */
+    uint64_t         agreed_ns;      /* when */
+};
+
+/* Waits for the checkpoint in flight until deadline and releases it: its result. With a
+ * deadline of the caller's (not RG_DEADLINE_DEFAULT), RG_ETIMEDOUT with the save still
+ * running keeps it in flight (ctx->save stays). */
+rg_status_t train_save_finish(rg_train_ctx_t *ctx, rg_deadline_t deadline) RG_NODISCARD;
+/* Starts the asynchronous checkpoint of state at step (no save may be in flight): rank 0 adds
+ * the data cursor. A step already committed is RG_OK with no save (save_committed). */
+rg_status_t train_save_start(rg_train_ctx_t *ctx, int64_t step, const rg_train_state_t *state)
+    RG_NODISCARD;
+
+#endif
