@@ -240,6 +240,10 @@ typedef struct {
     const char                 *log_dir;      /* cfg's, or the temporary one; "" for none */
     int                         notice_fd;    /* the agent's notice page, inherited by each
                                                  worker as $REGROUP_NOTICE_FD; -1: none */
+    const char                 *agent;        /* this agent's id and the lease of its */
+    int64_t                     lease;        /* membership: $REGROUP_AGENT_ID and
+                                                 $REGROUP_AGENT_LEASE, what the workers fence
+                                                 their writes with (rdzv_fence.h); NULL: none */
 } launcher_spawn_t;
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,

@@ -77,7 +77,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
                            .local_addr = ag->local_addr, .log_dir = ag->log_dir,
-                           .notice_fd = ag->notice.fd};
+                           .notice_fd = ag->notice.fd,
+                           .agent = rg_rdzv_agent_id(ag->rdzv),
+                           .lease = rg_rdzv_lease_id(ag->rdzv)};
     rg_status_t st;
 
     rg_log_set_identity(asg->rank_offset, asg->round);

@@ -117,6 +117,10 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     if (sp->notice_fd >= 0) {
         env_add(e, RG_NOTICE_ENV, "%d", sp->notice_fd);
     }
+    if (sp->agent != NULL && sp->lease != 0) {
+        env_add(e, "REGROUP_AGENT_ID", "%s", sp->agent);
+        env_add(e, "REGROUP_AGENT_LEASE", "%lld", (long long)sp->lease);
+    }
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }

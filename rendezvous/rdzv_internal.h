@@ -10,6 +10,7 @@
  *                     compare-and-swap
  *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
  *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
+ *   rdzv_fence.c      fenced writes: conditional on the writer still being a member (rdzv_fence.h)
  *   rdzv_print.c      the failure table at the end of a failed job
  *
  * An event never decides anything: it only says "look again", and the state is then read in
@@ -21,6 +22,7 @@
 #define REGROUP_RDZV_INTERNAL_H
 
 #include "etcd_internal.h"
+#include "rdzv_fence.h"
 #include "rdzv_keys.h"
 
 #include <regroup/rdzv.h>
@@ -114,8 +116,11 @@ bool        rdzv_watch_drain(rg_rdzv_t *z);
 
 /* rdzv_round.c: reads `round` (creating it as 0 for the job's first agent). */
 rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);
-/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). */
+/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). The
+ * fenced form (a member's move, rdzv_fence.h) also needs the member's node key of round r
+ * to hold its lease, and fails with RG_ELEASE if it does not. */
 rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
+rg_status_t rdzv_round_advance_fenced(rg_rdzv_t *z, int r, const rdzv_fence_t *fence);
 
 /* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
  * revision rev) and closes the round if it says so; *wake_ns is when to look again. */

@@ -90,6 +90,9 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
 void rg_rdzv_destroy(rg_rdzv_t *rdzv);
 /* This agent's id (host:pid:random), owned by the rendezvous. */
 const char *rg_rdzv_agent_id(const rg_rdzv_t *rdzv);
+/* The lease this agent's membership keys are attached to now (it changes when a lost lease
+ * is replaced at the next join); what its workers fence their writes with. */
+int64_t rg_rdzv_lease_id(const rg_rdzv_t *rdzv);
 /* The etcd client the rendezvous uses (for status and progress keys); owned by the
  * rendezvous, valid until rg_rdzv_destroy. */
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *rdzv);

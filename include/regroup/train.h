@@ -104,8 +104,11 @@ typedef struct {
 /*
  * Publishes progress at /regroup/<job>/status/progress/<rank> (where `regroup status` shows
  * it): one etcd put, bounded by the client's default timeout (5 s), at most twice a second
- * without state, at every call with state; a failed put is only logged. The caller keeps
- * report and its metrics.
+ * without state, at every call with state; a failed put is only logged, except a fenced
+ * one: under the launcher every write of a worker (progress, the checkpoint commit and
+ * ckpt/latest, the restored record) is conditional in etcd on its agent still being a member
+ * of the worker's round, and a refused one returns RG_ELEASE ("fenced: ... round N"); the
+ * worker must stop. The caller keeps report and its metrics.
  *
  * With state (and a checkpoint root), also starts an asynchronous checkpoint of the state at
  * report->step: if the previous checkpoint is still being written it first waits for it
