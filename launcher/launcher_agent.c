@@ -40,6 +40,7 @@ typedef struct {
     launcher_workers_t       ws;
     int                      stop_signal;
     int                      restart_count;
+    int                      excused_count;  /* failures a lost node explained, seen so far */
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     rg_notice_host_t         notice;         /* the page the workers read (rg_notice.h) */
     char                     endpoints[1024];
@@ -196,6 +197,12 @@ static rg_status_t agent_loop(agent_t *ag)
             break;
         }
         ag->restart_count = asg->restart_count;
+        if (asg->excused_count > ag->excused_count) {
+            fprintf(stderr, "regroup: round %d: the last worker failure is not counted "
+                    "against --max-restarts=%d: a node of that round was lost (restarts %d)\n",
+                    asg->round, cfg->max_restarts, asg->restart_count);
+            ag->excused_count = asg->excused_count;
+        }
         if (asg->job_done) {
             fprintf(stderr, "regroup: the job finished without this node\n");
             st = RG_OK;

@@ -45,6 +45,13 @@ typedef struct {
     int      n_nodes;
     const rg_rdzv_assignment_t *prev;   /* the last closed round before it, NULL if none */
     bool     prev_failed;               /* prev has a failure marker: this close restarts */
+    /* With prev: how many of its members are lost (their node key in prev is gone, with
+     * their lease, and they left no done record). A failure of prev that comes with such a
+     * loss is the loss's doing: it is not counted against max_restarts (excused). While prev
+     * failed and one of its members is neither registered here nor lost, the round waits for
+     * its fate up to lease_ttl_ms beyond the last-call window. */
+    int      prev_lost;
+    int64_t  lease_ttl_ms;
     /* With prev: the agents the round may close early for once all have registered (prev's
      * live members and the waiting nodes); n_expected < 0 means unknown (the window decides). */
     const char *const *expected;
@@ -63,13 +70,15 @@ typedef struct {
     rdzv_close_verdict_t verdict;
     uint64_t min_reached_ns;            /* to pass in at the next look */
     uint64_t wake_ns;                   /* WAIT: when the last-call window ends */
+    bool     excused;                   /* NOW: prev's failure is not counted (prev_lost) */
 } rdzv_close_out_t;
 
 /* Decides whether in->round closes now. With RDZV_CLOSE_NOW, *closed is the record to write:
  * members ordered (the previous round's in their old order, then newcomers by create
- * revision, then by agent id), at most max_nodes of them, the restart count, whether the
- * job failed, and the master (the first member's address and port); round set, group_rank
- * -1. Otherwise *closed is untouched. */
+ * revision, then by agent id), at most max_nodes of them, the restart count (prev's, plus
+ * one if prev failed and no member of prev was lost) and the excused count (prev's, plus
+ * one if prev failed and one was), whether the job failed, and the master (the first
+ * member's address and port); round set, group_rank -1. Otherwise *closed is untouched. */
 void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
                      rg_rdzv_assignment_t *closed);
 

@@ -63,6 +63,9 @@ typedef struct {
     int              world_size;     /* total workers */
     int              rank_offset;    /* global rank of this node's local rank 0 */
     int              restart_count;  /* failure restarts so far */
+    int              excused_count;  /* worker failures not counted in restart_count: each
+                                        came with the loss of a member of its round (a lease
+                                        that expired or was revoked), which explains it */
     bool             job_failed;     /* restarts exceeded max_restarts: the job is over */
     bool             job_done;       /* every member of the last round finished: over */
     char             master_addr[RG_RDZV_ADDR_MAX];

@@ -1,0 +1,211 @@
+/*
+ * A member that lost its lease can do no harm, end to end, with rg-exact under two regroup
+ * agents (--nnodes=1:2 --nproc-per-node=2, lease_ttl=2) on a real etcd:
+ *  - one agent is stopped (SIGSTOP) past its lease TTL: the other regroups at world 2 and
+ *    finishes with the exact result; after SIGCONT the stopped node's writes are refused
+ *    (or its workers fenced themselves), and etcd's history of the job's keys holds no write
+ *    made for a round that was no longer the job's;
+ *  - one node is lost (its agent SIGKILLed, its workers with it) at --max-restarts=0: the
+ *    survivor's workers fail on the reset connections, that failure is the loss's doing, so
+ *    the job regroups at world 2 and finishes with the exact result.
+ */
+#include "rdzv_keys.h"
+#include "rg_common.h"
+#include "test_util.h"
+
+#include <regroup/ckpt.h>
+#include <regroup/etcd.h>
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+static char ckpt[300];
+static test_etcd_t etcd;
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof(dir), "fencejob");
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("REGROUP_LOG_LEVEL", "info", 1);   /* the agents' rounds, in their logs */
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+}
+
+static void teardown(void)
+{
+    test_etcd_down(&etcd);
+    test_rmtree(dir);
+}
+
+static void log_path(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s.log", dir, name);
+}
+
+static bool log_has(const char *name, const char *text)
+{
+    char path[400];
+    log_path(name, path, sizeof(path));
+    return test_file_contains(path, text);
+}
+
+static size_t committed_steps(void)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(ckpt, &steps, &n) != RG_OK) {
+        return 0;
+    }
+    free(steps);
+    return n;
+}
+
+/* Two agents of job `id` with lease_ttl=2; extra is one more option (may be NULL). */
+static void start_pair(const char *id, const char *extra, pid_t *a, pid_t *b)
+{
+    char ep[600];
+    char rid[100];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    snprintf(rid, sizeof(rid), "--rdzv-id=%s", id);
+    char *argv[] = {REGROUP_BIN, ep, rid, "--nnodes=1:2", "--nproc-per-node=2",
+                    "--rdzv-conf=last_call_timeout=1,lease_ttl=2",
+                    extra ? (char *)extra : "--monitor-interval=0.1", RG_EXACT_BIN,
+                    "--epochs", "20", "--work", "100000", NULL};
+    log_path("a", path, sizeof(path));
+    *a = test_spawn(argv, path);
+    log_path("b", path, sizeof(path));
+    *b = test_spawn(argv, path);
+    /* Both in one round of world 4, with a checkpoint committed there. */
+    TEST_WAIT_UNTIL(log_has("a", "of 4,") && log_has("b", "of 4,"), 60000,
+                    "the agents did not run a round of world 4 together");
+    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+}
+
+/*
+ * etcd's history of the job's keys (a watch from revision 1: the test's etcd never compacts)
+ * holds no write made for a round the job had left: every progress record, restored record,
+ * failure marker and done record was written while `round` was the writer's round. Returns
+ * the number of such writes checked.
+ */
+static int check_no_stale_writes(const char *job)
+{
+    rdzv_keys_t keys;
+    char k_round[RDZV_KEY_MAX];
+    char k_prog[RDZV_KEY_MAX];
+    char k_fail[RDZV_KEY_MAX];
+    char k_rest[RDZV_KEY_MAX];
+    rg_etcd_t *cli = NULL;
+    rg_etcd_watch_t *w = NULL;
+    rg_etcd_range_t now;
+    int64_t round = -1;
+    int checked = 0;
+
+    ck_assert(rdzv_keys_init(&keys, job) == RG_OK);
+    ck_assert(rdzv_keys_round(&keys, k_round, sizeof(k_round)) == RG_OK);
+    ck_assert(rdzv_keys_progress_prefix(&keys, k_prog, sizeof(k_prog)) == RG_OK);
+    ck_assert(rdzv_keys_failures_prefix(&keys, k_fail, sizeof(k_fail)) == RG_OK);
+    ck_assert(rdzv_keys_restored(&keys, k_rest, sizeof(k_rest)) == RG_OK);
+    ck_assert(rg_etcd_create(&etcd.params, &cli) == RG_OK);
+    rg_etcd_range_req_t q = {.key = k_round};
+    ck_assert(rg_etcd_range(cli, &q, 0, &now) == RG_OK);
+    int64_t end = now.revision;
+    rg_etcd_range_cleanup(&now);
+    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&keys), .prefix = true,
+                              .start_revision = 1};
+    ck_assert(rg_etcd_watch_create(&etcd.params, &wr, 0, &w) == RG_OK);
+    for (int guard = 0; guard < 1000000 && rg_etcd_watch_revision(w) < end; guard++) {
+        rg_etcd_event_t ev;
+        rg_status_t st = rg_etcd_watch_next(w, rg_deadline_in_ms(5000), &ev, NULL);
+        ck_assert_msg(st == RG_OK, "history: %s", rg_last_error());
+        const char *key = ev.kv.key;
+        if (ev.type == RG_ETCD_EVENT_PUT && strcmp(key, k_round) == 0) {
+            ck_assert(rdzv_rec_round_decode(ev.kv.value, ev.kv.value_len, &round) == RG_OK);
+        } else if (ev.type == RG_ETCD_EVENT_PUT && rdzv_keys_tail(key, k_prog) != NULL) {
+            rdzv_progress_rec_t p;
+            ck_assert(rdzv_rec_progress_decode(ev.kv.value, ev.kv.value_len, &p) == RG_OK);
+            ck_assert_msg(p.round == round, "revision %lld: progress of round %d accepted at "
+                          "round %lld (step %lld)", (long long)ev.kv.mod_revision, p.round,
+                          (long long)round, (long long)p.step);
+            checked++;
+        } else if (ev.type == RG_ETCD_EVENT_PUT && strcmp(key, k_rest) == 0) {
+            rdzv_restored_rec_t r;
+            ck_assert(rdzv_rec_restored_decode(ev.kv.value, ev.kv.value_len, &r) == RG_OK);
+            ck_assert_msg(r.round == round, "restored record of round %d at round %lld",
+                          r.round, (long long)round);
+            checked++;
+        } else if (ev.type == RG_ETCD_EVENT_PUT && rdzv_keys_tail(key, k_fail) != NULL) {
+            ck_assert_msg(atoll(rdzv_keys_tail(key, k_fail)) == round,
+                          "failure marker %s accepted at round %lld", key, (long long)round);
+            checked++;
+        } else if (ev.type == RG_ETCD_EVENT_PUT && strstr(key, "/done/") != NULL) {
+            const char *r = strstr(key, "/rounds/");
+            ck_assert(r != NULL);
+            ck_assert_msg(atoll(r + strlen("/rounds/")) == round,
+                          "done record %s accepted at round %lld", key, (long long)round);
+            checked++;
+        }
+        rg_etcd_event_cleanup(&ev);
+    }
+    rg_etcd_watch_destroy(w);
+    rg_etcd_destroy(cli);
+    return checked;
+}
+
+START_TEST(test_stopped_agent_is_fenced)
+{
+    pid_t a;
+    pid_t b;
+
+    start_pair("stopped", NULL, &a, &b);
+    ck_assert_int_eq(kill(b, SIGSTOP), 0);
+    /* Past its lease TTL the other agent regroups without it. */
+    TEST_WAIT_UNTIL(log_has("a", "ranks 0..1 of 2,"), 60000,
+                    "the running agent did not regroup at world 2");
+    ck_assert_int_eq(kill(b, SIGCONT), 0);
+    /* The resumed agent finds its membership gone: what it or its workers write for the
+     * old round is refused, or the workers stopped on their own view of its heartbeat. */
+    TEST_WAIT_UNTIL(log_has("b", "fenced: ") || log_has("b", "has not renewed its membership"),
+                    30000, "the stopped node went on as if it were a member");
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    (void)test_wait_exit(b, 180000);   /* it rejoins, or finds the job finished without it */
+    ck_assert_msg(log_has("a", "exact=1"), "the job did not end with the exact result");
+    ck_assert_int_gt(check_no_stale_writes("stopped"), 0);
+}
+END_TEST
+
+START_TEST(test_node_loss_not_counted)
+{
+    pid_t a;
+    pid_t b;
+
+    start_pair("lost", "--max-restarts=0", &a, &b);
+    ck_assert_int_eq(kill(b, SIGKILL), 0);   /* its workers die with it (PDEATHSIG) */
+    ck_assert_int_eq(test_wait_exit(b, 10000), 128 + SIGKILL);
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world 2");
+    ck_assert_msg(log_has("a", "not counted"), "the failure was not attributed to the loss");
+    ck_assert_int_gt(check_no_stale_writes("lost"), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("fence_job");
+    TCase *tc = tcase_create("job");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_stopped_agent_is_fenced);
+    tcase_add_test(tc, test_node_loss_not_counted);
+    suite_add_tcase(s, tc);
+    return test_main("test_fence_job", s, NULL);
+}
