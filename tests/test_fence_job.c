@@ -7,7 +7,9 @@
  *    made for a round that was no longer the job's;
  *  - one node is lost (its agent SIGKILLed, its workers with it) at --max-restarts=0: the
  *    survivor's workers fail on the reset connections, that failure is the loss's doing, so
- *    the job regroups at world 2 and finishes with the exact result.
+ *    the job regroups at world 2 and finishes with the exact result;
+ *  - a worker is stopped (SIGSTOP): its agent finds it hung by its heartbeat page and kills
+ *    it, and the job restarts and finishes with the exact result.
  */
 #include "rdzv_keys.h"
 #include "rg_common.h"
@@ -160,6 +162,34 @@ static int check_no_stale_writes(const char *job)
     return checked;
 }
 
+/* Up to max children of pid that run rg-exact (the workers of that agent, not its private
+ * etcd) into pids; how many. */
+static int workers_of(pid_t pid, pid_t *pids, int max)
+{
+    char path[96];
+    long c;
+    int found = 0;
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    for (int k = 0; f != NULL && k < 64 && found < max && fscanf(f, "%ld", &c) == 1; k++) {
+        char cmd[4096] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/cmdline", c);
+        FILE *g = fopen(path, "r");
+        if (g != NULL) {
+            size_t n = fread(cmd, 1, sizeof(cmd) - 1, g);
+            cmd[n] = '\0';
+            fclose(g);
+        }
+        if (strstr(cmd, "rg-exact") != NULL) {
+            pids[found++] = (pid_t)c;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return found;
+}
+
 START_TEST(test_stopped_agent_is_fenced)
 {
     pid_t a;
@@ -187,14 +217,41 @@ START_TEST(test_node_loss_not_counted)
     pid_t a;
     pid_t b;
 
+    pid_t w[2];
     start_pair("lost", "--max-restarts=0", &a, &b);
-    ck_assert_int_eq(kill(b, SIGKILL), 0);   /* its workers die with it (PDEATHSIG) */
+    ck_assert_int_eq(workers_of(b, w, 2), 2);
+    /* The whole node at once: its agent, then its workers (they would die with it by
+     * PDEATHSIG; killing them too makes the others' workers fail at once, well before the
+     * lost agent's lease ends, which is the case to attribute). */
+    ck_assert_int_eq(kill(b, SIGKILL), 0);
+    kill(w[0], SIGKILL);
+    kill(w[1], SIGKILL);
     ck_assert_int_eq(test_wait_exit(b, 10000), 128 + SIGKILL);
     ck_assert_int_eq(test_wait_exit(a, 180000), 0);
     ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
                   "the job did not finish exactly at world 2");
+    ck_assert_msg(log_has("a", "worker rank"), "the survivor's workers did not fail");
     ck_assert_msg(log_has("a", "not counted"), "the failure was not attributed to the loss");
     ck_assert_int_gt(check_no_stale_writes("lost"), 0);
+}
+END_TEST
+
+START_TEST(test_stopped_worker_found_hung)
+{
+    char path[400];
+    log_path("job", path, sizeof(path));
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                    RG_EXACT_BIN, "--epochs", "20", "--work", "100000", NULL};
+    /* Far beyond the hang timeout: only the heartbeat can find the stopped worker. */
+    setenv("REGROUP_COMM_TIMEOUT_MS", "120000", 1);
+    pid_t pid = test_spawn(argv, path);
+    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+    pid_t w = -1;
+    TEST_WAIT_UNTIL(workers_of(pid, &w, 1) == 1, 10000, "no worker found");
+    ck_assert_int_eq(kill(w, SIGSTOP), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    ck_assert_msg(log_has("job", "is hung: no heartbeat"), "the hang was not found");
+    ck_assert_msg(log_has("job", "exact=1"), "the job did not end with the exact result");
 }
 END_TEST
 
@@ -206,6 +263,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stopped_agent_is_fenced);
     tcase_add_test(tc, test_node_loss_not_counted);
+    tcase_add_test(tc, test_stopped_worker_found_hung);
     suite_add_tcase(s, tc);
     return test_main("test_fence_job", s, NULL);
 }

@@ -5,6 +5,7 @@
  * tries it, and if any rank cannot read it, all fall back to an older one together.
  */
 #include "rdzv_fence.h"
+#include "rg_beat.h"
 #include "rdzv_keys.h"
 #include "rg_common.h"
 #include "rg_notice.h"
@@ -42,6 +43,7 @@ struct rg_train_ctx {
     int64_t          save_step;
     uint64_t         last_progress_ns;
     rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
+    rg_beat_worker_t *beat;          /* this worker's heartbeat to its agent, or NULL */
     rg_notice_t      agreed;         /* what the last rg_report agreed on */
     uint64_t         agreed_ns;      /* when */
 };
@@ -115,6 +117,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     }
 
     st = rg_notice_view_open(&ctx->notice);
+    if (st == RG_OK) {
+        st = rg_beat_worker_start(ctx->local_rank, &ctx->beat);
+    }
     if (st != RG_OK) {
         goto err;
     }
@@ -207,6 +212,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
                     (long long)ctx->save_step);
             rg_comm_destroy(ctx->comm);
             rg_etcd_destroy(ctx->etcd);
+            rg_beat_worker_stop(ctx->beat);
             return;
         }
     }
@@ -215,6 +221,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     rg_comm_destroy(ctx->comm);
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);
+    rg_beat_worker_stop(ctx->beat);
     free(ctx);
 }
 
