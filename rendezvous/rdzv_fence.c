@@ -137,3 +137,123 @@ rg_status_t rdzv_fence_put(rg_etcd_t *etcd, const rdzv_fence_t *f, const char *k
                                  .lease = lease}};
     return rdzv_fence_txn(etcd, f, &op, 1, deadline, what, NULL);
 }
+
+/* The round a write was made for, from its key and value; false if it is not one the audit
+ * looks at. */
+static bool write_round(const rdzv_keys_t *keys, const rg_etcd_kv_t *kv, const char *k_prog,
+                        const char *k_rest, const char *k_fail, const char *k_rounds,
+                        int64_t *r)
+{
+    const char *tail;
+    if (rdzv_keys_tail(kv->key, k_prog) != NULL) {
+        rdzv_progress_rec_t p;
+        if (rdzv_rec_progress_decode(kv->value, kv->value_len, &p) != RG_OK) {
+            return false;
+        }
+        *r = p.round;
+        return true;
+    }
+    if (strcmp(kv->key, k_rest) == 0) {
+        rdzv_restored_rec_t x;
+        if (rdzv_rec_restored_decode(kv->value, kv->value_len, &x) != RG_OK) {
+            return false;
+        }
+        *r = x.round;
+        return true;
+    }
+    if ((tail = rdzv_keys_tail(kv->key, k_fail)) != NULL) {
+        *r = strtoll(tail, NULL, 10);   /* failures/<r>/<agent> */
+        return true;
+    }
+    if ((tail = rdzv_keys_tail(kv->key, k_rounds)) != NULL && strstr(tail, "/done/") != NULL) {
+        *r = strtoll(tail, NULL, 10);   /* rounds/<r>/done/<agent> */
+        return true;
+    }
+    (void)keys;
+    return false;
+}
+
+rg_status_t rdzv_fence_audit(const rg_etcd_params_t *params, const char *job, int *stale,
+                             int *checked, char *first, size_t first_cap)
+{
+    rdzv_keys_t keys;
+    char k_round[RDZV_KEY_MAX];
+    char k_prog[RDZV_KEY_MAX];
+    char k_rest[RDZV_KEY_MAX];
+    char k_fail[RDZV_KEY_MAX];
+    char k_rounds[RDZV_KEY_MAX];
+    rg_etcd_t *cli = NULL;
+    rg_etcd_watch_t *w = NULL;
+    rg_etcd_range_t now;
+    int64_t round = -1;
+    rg_status_t st;
+
+    *stale = 0;
+    *checked = 0;
+    if (first != NULL && first_cap > 0) {
+        first[0] = '\0';
+    }
+    st = rdzv_keys_init(&keys, job);
+    if (st == RG_OK) {
+        st = rdzv_keys_round(&keys, k_round, sizeof(k_round));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_progress_prefix(&keys, k_prog, sizeof(k_prog));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_restored(&keys, k_rest, sizeof(k_rest));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_failures_prefix(&keys, k_fail, sizeof(k_fail));
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    snprintf(k_rounds, sizeof(k_rounds), "%srounds/", rdzv_keys_prefix(&keys));
+    st = rg_etcd_create(params, &cli);
+    if (st != RG_OK) {
+        return st;
+    }
+    rg_etcd_range_req_t q = {.key = k_round};
+    st = rg_etcd_range(cli, &q, 0, &now);
+    rg_etcd_destroy(cli);
+    if (st != RG_OK) {
+        return st;
+    }
+    int64_t end = now.revision;
+    rg_etcd_range_cleanup(&now);
+    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&keys), .prefix = true,
+                              .start_revision = 1};
+    st = rg_etcd_watch_create(params, &wr, 0, &w);
+    if (st != RG_OK) {
+        return st;
+    }
+    /* Bounded by the history's length: each event moves the watch's revision on. */
+    while (st == RG_OK && rg_etcd_watch_revision(w) < end) {
+        rg_etcd_event_t ev;
+        int64_t r;
+        st = rg_etcd_watch_next(w, rg_deadline_in_ms(10000), &ev, NULL);
+        if (st != RG_OK) {
+            break;
+        }
+        if (ev.type == RG_ETCD_EVENT_PUT && strcmp(ev.kv.key, k_round) == 0) {
+            if (rdzv_rec_round_decode(ev.kv.value, ev.kv.value_len, &round) != RG_OK) {
+                round = -1;
+            }
+        } else if (ev.type == RG_ETCD_EVENT_PUT &&
+                   write_round(&keys, &ev.kv, k_prog, k_rest, k_fail, k_rounds, &r)) {
+            (*checked)++;
+            if (r != round) {
+                if (*stale == 0 && first != NULL) {
+                    snprintf(first, first_cap, "revision %lld: %s written for round %lld "
+                             "while the job was at round %lld", (long long)ev.kv.mod_revision,
+                             ev.kv.key, (long long)r, (long long)round);
+                }
+                (*stale)++;
+            }
+        }
+        rg_etcd_event_cleanup(&ev);
+    }
+    rg_etcd_watch_destroy(w);
+    return st == RG_OK ? RG_OK : rg_error_wrap(st, "the history of job %s", job);
+}

@@ -57,4 +57,16 @@ rg_status_t rdzv_fence_put(rg_etcd_t *etcd, const rdzv_fence_t *f, const char *k
                            const char *value, int64_t lease, rg_deadline_t deadline,
                            const char *what) RG_NODISCARD;
 
+/*
+ * The audit of fencing: reads etcd's history of the job's keys (a watch from revision 1 up to
+ * the current revision; etcd must not have compacted it) and counts the writes accepted for
+ * a round the job had already left: progress records, restored records (their "round"),
+ * failure markers and done records (their key's round), compared with the value `round`
+ * had at that revision. *checked: how many such writes it looked at; first (may be NULL)
+ * describes the first stale one. RG_ECOMPACTED and the client's errors when the history
+ * cannot be read.
+ */
+rg_status_t rdzv_fence_audit(const rg_etcd_params_t *params, const char *job, int *stale,
+                             int *checked, char *first, size_t first_cap) RG_NODISCARD;
+
 #endif

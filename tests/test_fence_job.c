@@ -11,7 +11,7 @@
  *  - a worker is stopped (SIGSTOP): its agent finds it hung by its heartbeat page and kills
  *    it, and the job restarts and finishes with the exact result.
  */
-#include "rdzv_keys.h"
+#include "rdzv_fence.h"
 #include "rg_common.h"
 #include "test_util.h"
 
@@ -92,73 +92,16 @@ static void start_pair(const char *id, const char *extra, pid_t *a, pid_t *b)
     TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
 }
 
-/*
- * etcd's history of the job's keys (a watch from revision 1: the test's etcd never compacts)
- * holds no write made for a round the job had left: every progress record, restored record,
- * failure marker and done record was written while `round` was the writer's round. Returns
- * the number of such writes checked.
- */
+/* etcd's history of the job's keys holds no write made for a round the job had left
+ * (rdzv_fence_audit); returns how many writes it checked. */
 static int check_no_stale_writes(const char *job)
 {
-    rdzv_keys_t keys;
-    char k_round[RDZV_KEY_MAX];
-    char k_prog[RDZV_KEY_MAX];
-    char k_fail[RDZV_KEY_MAX];
-    char k_rest[RDZV_KEY_MAX];
-    rg_etcd_t *cli = NULL;
-    rg_etcd_watch_t *w = NULL;
-    rg_etcd_range_t now;
-    int64_t round = -1;
+    int stale = -1;
     int checked = 0;
-
-    ck_assert(rdzv_keys_init(&keys, job) == RG_OK);
-    ck_assert(rdzv_keys_round(&keys, k_round, sizeof(k_round)) == RG_OK);
-    ck_assert(rdzv_keys_progress_prefix(&keys, k_prog, sizeof(k_prog)) == RG_OK);
-    ck_assert(rdzv_keys_failures_prefix(&keys, k_fail, sizeof(k_fail)) == RG_OK);
-    ck_assert(rdzv_keys_restored(&keys, k_rest, sizeof(k_rest)) == RG_OK);
-    ck_assert(rg_etcd_create(&etcd.params, &cli) == RG_OK);
-    rg_etcd_range_req_t q = {.key = k_round};
-    ck_assert(rg_etcd_range(cli, &q, 0, &now) == RG_OK);
-    int64_t end = now.revision;
-    rg_etcd_range_cleanup(&now);
-    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&keys), .prefix = true,
-                              .start_revision = 1};
-    ck_assert(rg_etcd_watch_create(&etcd.params, &wr, 0, &w) == RG_OK);
-    for (int guard = 0; guard < 1000000 && rg_etcd_watch_revision(w) < end; guard++) {
-        rg_etcd_event_t ev;
-        rg_status_t st = rg_etcd_watch_next(w, rg_deadline_in_ms(5000), &ev, NULL);
-        ck_assert_msg(st == RG_OK, "history: %s", rg_last_error());
-        const char *key = ev.kv.key;
-        if (ev.type == RG_ETCD_EVENT_PUT && strcmp(key, k_round) == 0) {
-            ck_assert(rdzv_rec_round_decode(ev.kv.value, ev.kv.value_len, &round) == RG_OK);
-        } else if (ev.type == RG_ETCD_EVENT_PUT && rdzv_keys_tail(key, k_prog) != NULL) {
-            rdzv_progress_rec_t p;
-            ck_assert(rdzv_rec_progress_decode(ev.kv.value, ev.kv.value_len, &p) == RG_OK);
-            ck_assert_msg(p.round == round, "revision %lld: progress of round %d accepted at "
-                          "round %lld (step %lld)", (long long)ev.kv.mod_revision, p.round,
-                          (long long)round, (long long)p.step);
-            checked++;
-        } else if (ev.type == RG_ETCD_EVENT_PUT && strcmp(key, k_rest) == 0) {
-            rdzv_restored_rec_t r;
-            ck_assert(rdzv_rec_restored_decode(ev.kv.value, ev.kv.value_len, &r) == RG_OK);
-            ck_assert_msg(r.round == round, "restored record of round %d at round %lld",
-                          r.round, (long long)round);
-            checked++;
-        } else if (ev.type == RG_ETCD_EVENT_PUT && rdzv_keys_tail(key, k_fail) != NULL) {
-            ck_assert_msg(atoll(rdzv_keys_tail(key, k_fail)) == round,
-                          "failure marker %s accepted at round %lld", key, (long long)round);
-            checked++;
-        } else if (ev.type == RG_ETCD_EVENT_PUT && strstr(key, "/done/") != NULL) {
-            const char *r = strstr(key, "/rounds/");
-            ck_assert(r != NULL);
-            ck_assert_msg(atoll(r + strlen("/rounds/")) == round,
-                          "done record %s accepted at round %lld", key, (long long)round);
-            checked++;
-        }
-        rg_etcd_event_cleanup(&ev);
-    }
-    rg_etcd_watch_destroy(w);
-    rg_etcd_destroy(cli);
+    char first[512];
+    ck_assert_msg(rdzv_fence_audit(&etcd.params, job, &stale, &checked, first,
+                                   sizeof(first)) == RG_OK, "history: %s", rg_last_error());
+    ck_assert_msg(stale == 0, "%d stale writes accepted; the first: %s", stale, first);
     return checked;
 }
 
