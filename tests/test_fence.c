@@ -3,7 +3,8 @@
  * job by a member that is no longer in the job's round (the round moved on, or its agent's
  * lease is gone) is refused with RG_ELEASE and leaves the job's keys as they were: progress,
  * the checkpoint commit (its MANIFEST and ckpt/latest), the rank's report through the worker
- * API, an agent's failure marker and its move to the next round.
+ * API, an agent's failure marker and its move to the next round. And the audit of etcd's
+ * history finds a write that was not fenced.
  */
 #include "rdzv_fence.h"
 #include "rg_common.h"
@@ -281,6 +282,37 @@ START_TEST(fenced_agent_writes)
 }
 END_TEST
 
+/* The audit finds a write made for a round the job had left (here, an unfenced one). */
+START_TEST(audit_finds_stale_write)
+{
+    char key[RDZV_KEY_MAX];
+    char fkey[RDZV_KEY_MAX];
+    char first[512];
+    int stale = -1;
+    int checked = -1;
+    rdzv_progress_rec_t p = {.step = 4, .round = 1, .time = 1.0};
+    char val[512];
+
+    ck_assert(rdzv_keys_progress(&keys, 0, key, sizeof(key)) == RG_OK);
+    ck_assert(rdzv_keys_failure(&keys, 1, AGENT, fkey, sizeof(fkey)) == RG_OK);
+    ck_assert(rdzv_rec_progress_encode(&p, val, sizeof(val)) == RG_OK);
+    put_round(1);
+    ck_assert(rg_etcd_put_str(cli, key, val, 0, 0, NULL) == RG_OK);
+    ck_assert(rg_etcd_put_str(cli, fkey, "{}", 0, 0, NULL) == RG_OK);
+    ck_assert(rdzv_fence_audit(&etcd.params, JOB, &stale, &checked, first, sizeof(first)) ==
+              RG_OK);
+    ck_assert_int_eq(stale, 0);
+    ck_assert_int_eq(checked, 2);
+    put_round(2);
+    ck_assert(rg_etcd_put_str(cli, key, val, 0, 0, NULL) == RG_OK);   /* round 1's, late */
+    ck_assert(rdzv_fence_audit(&etcd.params, JOB, &stale, &checked, first, sizeof(first)) ==
+              RG_OK);
+    ck_assert_int_eq(stale, 1);
+    ck_assert_int_eq(checked, 3);
+    ck_assert_msg(strstr(first, "round 1 while the job was at round 2") != NULL, "%s", first);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fence");
@@ -291,6 +323,7 @@ int main(void)
     tcase_add_test(tc, fenced_checkpoint_commit);
     tcase_add_test(tc, fenced_report);
     tcase_add_test(tc, fenced_agent_writes);
+    tcase_add_test(tc, audit_finds_stale_write);
     suite_add_tcase(s, tc);
     return test_main("fence", s, NULL);
 }

@@ -176,6 +176,15 @@ START_TEST(test_node_loss_not_counted)
     ck_assert_msg(log_has("a", "worker rank"), "the survivor's workers did not fail");
     ck_assert_msg(log_has("a", "not counted"), "the failure was not attributed to the loss");
     ck_assert_int_gt(check_no_stale_writes("lost"), 0);
+    /* `regroup status` says so too. */
+    char ep[600];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=lost", NULL};
+    log_path("status", path, sizeof(path));
+    ck_assert_int_eq(test_run(status_argv, path, 30000), 0);
+    ck_assert_msg(log_has("status", "not counted: 1 worker failure"),
+                  "regroup status does not say the failure was not counted");
 }
 END_TEST
 
