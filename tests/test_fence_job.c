@@ -8,6 +8,7 @@
  *  - one node is lost (its agent SIGKILLed, its workers with it) at --max-restarts=0: the
  *    survivor's workers fail on the reset connections, that failure is the loss's doing, so
  *    the job regroups at world 2 and finishes with the exact result;
+ *  - one node is preempted (SIGTERM) at --max-restarts=0: the same;
  *  - a worker is stopped (SIGSTOP): its agent finds it hung by its heartbeat page and kills
  *    it, and the job restarts and finishes with the exact result.
  */
@@ -188,6 +189,24 @@ START_TEST(test_node_loss_not_counted)
 }
 END_TEST
 
+/* A preempted node (SIGTERM: its agent stops its workers and revokes its lease) at
+ * --max-restarts=0: whatever the survivor's workers do on the closed connections, the job
+ * goes on at world 2 and finishes exactly. */
+START_TEST(test_preemption_not_counted)
+{
+    pid_t a;
+    pid_t b;
+
+    start_pair("preempted", "--max-restarts=0", &a, &b);
+    ck_assert_int_eq(kill(b, SIGTERM), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world 2");
+    ck_assert_int_gt(check_no_stale_writes("preempted"), 0);
+}
+END_TEST
+
 START_TEST(test_stopped_worker_found_hung)
 {
     char path[400];
@@ -215,6 +234,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stopped_agent_is_fenced);
     tcase_add_test(tc, test_node_loss_not_counted);
+    tcase_add_test(tc, test_preemption_not_counted);
     tcase_add_test(tc, test_stopped_worker_found_hung);
     suite_add_tcase(s, tc);
     return test_main("test_fence_job", s, NULL);
