@@ -192,7 +192,20 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
     if (st != RG_OK) {
         return st;
     }
-    return rdzv_round_advance_fenced(z, r, &fence);
+    st = rdzv_round_advance_fenced(z, r, &fence);
+    if (st == RG_ELEASE) {
+        /* Not a member any more. If nobody is (every lease of the round ended at once: etcd
+         * was out of reach of them all), the round is dead and someone must move on, or
+         * every agent would find itself named by its closed record again and again. */
+        char msg[1024];
+        bool moved = false;
+        snprintf(msg, sizeof(msg), "%s", rg_last_error());
+        if (rdzv_round_advance_if_dead(z, r, &moved) == RG_OK && moved) {
+            return RG_OK;
+        }
+        return rg_error(RG_ELEASE, "%s", msg);
+    }
+    return st;
 }
 
 rg_status_t rg_rdzv_done(rg_rdzv_t *z)

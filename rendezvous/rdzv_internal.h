@@ -130,6 +130,10 @@ rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);
  * to hold its lease, and fails with RG_ELEASE if it does not. */
 rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
 rg_status_t rdzv_round_advance_fenced(rg_rdzv_t *z, int r, const rdzv_fence_t *fence);
+/* Moves `round` from r to r + 1 only if no node key of round r is left (every member's lease
+ * ended: the round is dead, and a member that lost its own lease may then move on); *moved
+ * says whether it did. */
+rg_status_t rdzv_round_advance_if_dead(rg_rdzv_t *z, int r, bool *moved);
 
 /* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
  * revision rev) and closes the round if it says so; *wake_ns is when to look again. */

@@ -265,6 +265,8 @@ START_TEST(fenced_agent_writes)
     ck_assert(rdzv_keys_failures_prefix(&keys, fail_prefix, sizeof(fail_prefix)) == RG_OK);
     ck_assert(rdzv_keys_round(&keys, rkey, sizeof(rkey)) == RG_OK);
 
+    /* Another member of the round, alive. */
+    int64_t other = put_member(a.round, "node-2-0000beef");
     /* Its lease ends behind its back (what an expiry does while it is stopped). */
     ck_assert(rg_etcd_lease_revoke(cli, rg_rdzv_lease_id(z), 0) == RG_OK);
     rg_rdzv_failure_t f = {.rank = 0, .exit_code = 1, .error = "boom"};
@@ -278,6 +280,12 @@ START_TEST(fenced_agent_writes)
     get_value(rkey, got, sizeof(got));
     ck_assert_int_eq(atoi(got), a.round);
     ck_assert_int_eq(rg_rdzv_done(z), RG_ELEASE);
+    /* Once no member of the round is left (the other's lease ended too), the round is dead:
+     * a former member may move the job on, or nobody could. */
+    ck_assert(rg_etcd_lease_revoke(cli, other, 0) == RG_OK);
+    ck_assert_msg(rg_rdzv_next_round(z) == RG_OK, "%s", rg_last_error());
+    get_value(rkey, got, sizeof(got));
+    ck_assert_int_eq(atoi(got), a.round + 1);
     rg_rdzv_destroy(z);
 }
 END_TEST
