@@ -4,7 +4,8 @@
  * A run is one chaos_t, made by main and handed to every part; the parts share nothing else
  * (but the one pointer a signal handler needs, in chaos_main.c). In the order a run uses them:
  *   chaos_opts.c      the command line, parsed once into a chaos_opts_t that nothing changes
- *   chaos_netns.c     the network namespaces, the bridge and the veth pairs (partition fault)
+ *   chaos_netns.c     the network namespaces, the bridge and the veth pairs (partition faults:
+ *                     the whole link, or routes to etcd alone or to the peers alone)
  *   chaos_procs.c     etcd and the agents: started, tracked by pid, stopped by pid; workers
  *   chaos_jobstate.c  every read of the job's keys in etcd: the one file that knows them
  *   chaos_faults.c    the seeded schedule and the injection of each kind of fault
@@ -41,7 +42,12 @@
 
 typedef enum {
     F_WORKER_KILL, F_WORKER_HANG, F_AGENT_KILL, F_PREEMPT, F_NODE_JOIN, F_ETCD_MEMBER,
-    F_ETCD_LEADER, F_PARTITION, F_CKPT_KILL, F_CORRUPT, F_DISK_FULL, F_COUNT
+    F_ETCD_LEADER, F_PARTITION, F_CKPT_KILL, F_CORRUPT, F_DISK_FULL,
+    F_AGENT_HANG,       /* an agent stopped (SIGSTOP) past its lease TTL, then SIGCONT */
+    F_ETCD_PARTITION,   /* a node reaches its peers and the checkpoint dir, not etcd */
+    F_PEER_PARTITION,   /* a node reaches etcd, not its peers */
+    F_ETCD_SILENT,      /* an etcd member alive but silent (SIGSTOP), then SIGCONT */
+    F_COUNT
 } chaos_fault_t;
 
 /* The names of the fault kinds (--scenario, the report), in chaos_fault_t order. */
@@ -92,12 +98,14 @@ typedef struct {
     bool checkpoints_verify;
     bool no_lost_work;
     bool no_leaks;
+    bool no_stale_writes;    /* etcd's history holds no write of a stale member */
     bool time_bound;
     bool recovered;
     bool pass;               /* all of the above: computed once, by chaos_check_verdict */
     char result_line[256];
     int  verified;
     int  leaks;
+    int  history_checked;    /* the writes no_stale_writes looked at */
     double wall_s;
 } chaos_inv_t;
 
@@ -148,6 +156,14 @@ typedef struct {
         int64_t  corrupted[CHAOS_MAX_FAULTS];   /* steps corrupted on purpose */
         int      n_corrupted;
         bool     stalled;          /* the job stopped making progress: no more faults */
+        struct {                   /* a fault that lasts a while (agent-hang, etcd-partition,
+                                    * peer-partition, etcd-silent), ended by chaos_fault_heal */
+            bool          on;
+            chaos_fault_t kind;
+            int           slot;    /* the agent's slot, or the etcd member */
+            double        heal_at;
+            double        healed_at;
+        } hold;
     } faults;
 
     chaos_inv_t inv;         /* chaos_check.c */
@@ -164,6 +180,9 @@ void chaos_net_node_addr(int id, char *out, size_t len);
 bool chaos_net_node_make(chaos_t *c, int slot);
 const char *chaos_net_node_name(const chaos_t *c, int slot);
 bool chaos_net_cut(chaos_t *c, int slot, int hold_s);
+/* Blackhole routes in slot's namespace: to etcd alone (etcd true) or to every peer but etcd
+ * (etcd false); add or remove them. */
+bool chaos_net_routes(chaos_t *c, int slot, bool etcd, bool add);
 void chaos_net_heal(chaos_t *c, bool now);   /* ends a partition once due (or now) */
 void chaos_net_cleanup(chaos_t *c);          /* async-signal-safe */
 
@@ -171,6 +190,7 @@ void chaos_net_cleanup(chaos_t *c);          /* async-signal-safe */
 bool chaos_etcd_start(chaos_t *c);
 void chaos_etcd_stop(chaos_t *c);
 void chaos_etcd_kill(chaos_t *c, int member);
+void chaos_etcd_signal(chaos_t *c, int member, int sig);   /* SIGSTOP / SIGCONT, no reaping */
 void chaos_etcd_restart_dead(chaos_t *c);
 int  chaos_etcd_leader(const chaos_t *c);    /* the leader's member index, or -1 */
 void chaos_agent_start(chaos_t *c);          /* in the first free slot (none: said, skipped) */
@@ -190,6 +210,11 @@ int64_t chaos_job_committed_step(chaos_t *c);
 bool chaos_job_restored(chaos_t *c, int *round, int64_t *step);
 int64_t chaos_job_failure_count(chaos_t *c);
 bool chaos_job_agent_in_round(chaos_t *c, int round, pid_t agent_pid);
+/* Reads etcd's history of the job's keys (a watch from revision 1) and counts the writes
+ * made for a round the job had left when etcd accepted them: progress, restored records,
+ * failure markers, done records. *checked: the writes looked at; -1 if the history cannot be
+ * read (compacted, no answer), with the reason said. */
+int chaos_job_stale_writes(chaos_t *c, int *checked);
 void chaos_job_print_state(chaos_t *c, FILE *out);
 
 /* chaos_faults.c */
@@ -200,6 +225,14 @@ bool chaos_fault_takes_node(chaos_fault_t k);
 chaos_fault_t chaos_fault_choose(chaos_t *c);
 /* Injects a fault of kind r->kind; fills r->target (and r->agent_pid for a node fault). */
 void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r);
+/* Whether the kind needs the network namespaces, and whether it holds a node out for a while
+ * and then lets it back (partition, agent-hang, etcd-partition). */
+bool chaos_fault_needs_net(chaos_fault_t k);
+bool chaos_fault_node_returns(chaos_fault_t k);
+/* Ends a lasting fault once due (or now); partitions of the whole link too. */
+void chaos_fault_heal(chaos_t *c, bool now);
+double chaos_fault_heal_at(const chaos_t *c);     /* when the lasting fault ends; 0: none */
+double chaos_fault_healed_at(const chaos_t *c);   /* when the last one ended */
 
 /* chaos_cycle.c */
 /* Waits until the job reports progress newer than `after` (wall time) in a round of at
@@ -213,6 +246,7 @@ void chaos_cycle_run(chaos_t *c);            /* injects the faults, one at a tim
 void chaos_check_result(chaos_t *c);
 void chaos_check_checkpoints(chaos_t *c);
 void chaos_check_leaks(chaos_t *c);
+void chaos_check_history(chaos_t *c);
 void chaos_check_verdict(chaos_t *c);
 
 /* chaos_report.c */

@@ -2,7 +2,8 @@
  * The invariants of a run, checked once the job has been told to finish: the job finished,
  * its final state is exactly right (fmnist: accurate enough), every retained checkpoint
  * verifies, no round resumed from before the checkpoint committed when its fault struck, no
- * process of the run is left, nothing exceeded its time bound, and every fault recovered.
+ * write of a stale member was accepted (etcd's history of the job's keys), no process of the
+ * run is left, nothing exceeded its time bound, and every fault recovered.
  * chaos_check_verdict computes the pass/fail from them, once; the report and the exit
  * status both read c->inv.pass.
  */
@@ -93,6 +94,13 @@ void chaos_check_checkpoints(chaos_t *c)
     free(steps);
 }
 
+/* No write by a stale member was accepted: from etcd's history of the job's keys. */
+void chaos_check_history(chaos_t *c)
+{
+    int stale = chaos_job_stale_writes(c, &c->inv.history_checked);
+    c->inv.no_stale_writes = stale == 0;
+}
+
 /* Nothing of the run may remain (stopped workers included); what does is killed. */
 void chaos_check_leaks(chaos_t *c)
 {
@@ -132,7 +140,7 @@ void chaos_check_verdict(chaos_t *c)
     for (int k = 0; opt->quick && k < F_COUNT; k++) {
         bool possible = chaos_fault_enabled(c, (chaos_fault_t)k) &&
                         (k != F_DISK_FULL || c->run.tmpfs_mounted) &&
-                        (k != F_PARTITION || c->net.on);
+                        (!chaos_fault_needs_net((chaos_fault_t)k) || c->net.on);
         int count = 0;
         for (int i = 0; i < c->faults.n_recs; i++) {
             count += c->faults.rec[i].kind == (chaos_fault_t)k;
@@ -143,5 +151,5 @@ void chaos_check_verdict(chaos_t *c)
         }
     }
     inv->pass = inv->finished && inv->result && inv->checkpoints_verify && inv->no_lost_work &&
-                inv->no_leaks && inv->time_bound && inv->recovered;
+                inv->no_leaks && inv->no_stale_writes && inv->time_bound && inv->recovered;
 }

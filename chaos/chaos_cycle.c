@@ -15,7 +15,7 @@ bool chaos_wait_progress(chaos_t *c, double after, int min_round, int timeout_ms
     uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     while (rg_now_ns() < until) {
         chaos_progress_t p;
-        chaos_net_heal(c, false);
+        chaos_fault_heal(c, false);
         if (chaos_job_progress(c, &p) && p.time > after && p.round >= min_round) {
             *out = p;
             return true;
@@ -41,12 +41,12 @@ static int member_round(chaos_t *c, int from, pid_t pid)
     return found;
 }
 
-/* After a partition: seconds from the link coming back until the job makes progress in a
- * round the cut-off node is a member of, or -1 (timeout, or the node's agent ended). */
+/* After a partition (or an agent's hang): seconds from the node's coming back until the job
+ * makes progress in a round that node is a member of, or -1 (timeout, or its agent ended). */
 static double wait_rejoin(chaos_t *c, int slot, int timeout_ms)
 {
     uint64_t until = rg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    double healed_at = c->net.cut.healed_at;
+    double healed_at = chaos_fault_healed_at(c);
     while (rg_now_ns() < until) {
         chaos_progress_t p;
         chaos_agents_reap(c);
@@ -66,18 +66,18 @@ static double wait_rejoin(chaos_t *c, int slot, int timeout_ms)
  * back into the job. Returns whether it did. */
 static bool partition_rejoined(chaos_t *c, chaos_fault_rec_t *r)
 {
-    double left_s = c->net.cut.heal_at - rg_wall_s();
-    if (c->net.cut.on && left_s > 0) {
+    double left_s = chaos_fault_heal_at(c) - rg_wall_s();
+    if (chaos_fault_heal_at(c) > 0 && left_s > 0) {
         rg_sleep_ms((int64_t)(left_s * 1000) + 1);
     }
-    chaos_net_heal(c, true);
+    chaos_fault_heal(c, true);
     bool rejoined = false;
     for (int a = 0; a < c->procs.n_slots; a++) {
         if (c->procs.pid[a] == r->agent_pid) {
             r->rejoin_s = wait_rejoin(c, a, CHAOS_RECOVERY_MAX_MS);
             rejoined = r->rejoin_s >= 0;
             if (!rejoined) {
-                chaos_say("agent %d did not rejoin within %d ms of its link coming back",
+                chaos_say("agent %d did not rejoin within %d ms of its coming back",
                           c->procs.id[a], CHAOS_RECOVERY_MAX_MS);
             }
         }
@@ -90,7 +90,8 @@ static chaos_fault_t next_kind(chaos_t *c)
 {
     chaos_agents_reap(c);   /* choose among agents that are really alive */
     chaos_fault_t kind = chaos_fault_choose(c);
-    if ((kind == F_DISK_FULL && !c->run.tmpfs_mounted) || (kind == F_PARTITION && !c->net.on)) {
+    if ((kind == F_DISK_FULL && !c->run.tmpfs_mounted) ||
+        (chaos_fault_needs_net(kind) && !c->net.on)) {
         kind = F_WORKER_KILL;
     }
     /* A join or a preemption that keeps the job within its size stays (a node-join scenario
@@ -135,7 +136,7 @@ static bool cycle_one(chaos_t *c, int i)
     chaos_progress_t after;
     bool ok = chaos_wait_progress(c, r->t_inject, ends ? min_round : 0, CHAOS_RECOVERY_MAX_MS,
                                   &after);
-    if (kind != F_PARTITION && r->agent_pid > 0) {
+    if (!chaos_fault_node_returns(kind) && r->agent_pid > 0) {
         /* The next fault is chosen among the agents left: wait for this one to go. */
         chaos_agent_wait_gone(c, r->agent_pid);
     }
@@ -152,12 +153,13 @@ static bool cycle_one(chaos_t *c, int i)
         r->lost_work = rs < r->committed && kind != F_CORRUPT;
     }
     bool rejoined = true;
-    if (kind == F_PARTITION && r->agent_pid > 0) {
+    if (chaos_fault_node_returns(kind) && r->agent_pid > 0) {
         rejoined = partition_rejoined(c, r);
     }
+    chaos_fault_heal(c, true);   /* a lasting fault the job recovered from before its end */
     chaos_agents_reap(c);
     char back[64] = "";
-    if (kind == F_PARTITION) {
+    if (chaos_fault_node_returns(kind)) {
         snprintf(back, sizeof(back), ", node back in %.3f s", r->rejoin_s);
     }
     chaos_say("fault %2d %-13s %-32s recovered in %7.3f s (committed %lld, resumed %lld)%s", i,
@@ -183,5 +185,5 @@ void chaos_cycle_run(chaos_t *c)
             break;
         }
     }
-    chaos_net_heal(c, true);
+    chaos_fault_heal(c, true);
 }

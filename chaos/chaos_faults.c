@@ -18,7 +18,8 @@
 
 const char *const chaos_fault_names[F_COUNT] = {
     "worker-kill", "worker-hang", "agent-kill", "preempt", "node-join", "etcd-member",
-    "etcd-leader", "partition", "ckpt-kill", "corrupt-shard", "disk-full"};
+    "etcd-leader", "partition", "ckpt-kill", "corrupt-shard", "disk-full", "agent-hang",
+    "etcd-partition", "peer-partition", "etcd-silent"};
 
 void chaos_faults_init(chaos_t *c)
 {
@@ -38,13 +39,23 @@ static uint64_t next_rand(chaos_t *c)
 /* Faults that end the running round (all but the etcd ones). */
 bool chaos_fault_ends_round(chaos_fault_t k)
 {
-    return k != F_ETCD_MEMBER && k != F_ETCD_LEADER;
+    return k != F_ETCD_MEMBER && k != F_ETCD_LEADER && k != F_ETCD_SILENT;
 }
 
 /* Faults that take a whole node out of the job (for a while, for a partition). */
 bool chaos_fault_takes_node(chaos_fault_t k)
 {
-    return k == F_AGENT_KILL || k == F_PREEMPT || k == F_PARTITION;
+    return k == F_AGENT_KILL || k == F_PREEMPT || chaos_fault_node_returns(k);
+}
+
+bool chaos_fault_node_returns(chaos_fault_t k)
+{
+    return k == F_PARTITION || k == F_AGENT_HANG || k == F_ETCD_PARTITION;
+}
+
+bool chaos_fault_needs_net(chaos_fault_t k)
+{
+    return k == F_PARTITION || k == F_ETCD_PARTITION || k == F_PEER_PARTITION;
 }
 
 bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k)
@@ -225,6 +236,75 @@ static void partition(chaos_t *c, chaos_fault_rec_t *r, int a)
              (int)c->procs.pid[a], hold);
 }
 
+/* A lasting fault on slot (an agent) or member (etcd), ended by chaos_fault_heal. */
+static void hold_start(chaos_t *c, chaos_fault_t kind, int slot, int hold_s)
+{
+    c->faults.hold.on = true;
+    c->faults.hold.kind = kind;
+    c->faults.hold.slot = slot;
+    c->faults.hold.heal_at = rg_wall_s() + hold_s;
+}
+
+void chaos_fault_heal(chaos_t *c, bool now)
+{
+    chaos_net_heal(c, now);
+    if (!c->faults.hold.on || (!now && rg_wall_s() < c->faults.hold.heal_at)) {
+        return;
+    }
+    int a = c->faults.hold.slot;
+    switch (c->faults.hold.kind) {
+    case F_AGENT_HANG:
+        if (c->procs.alive[a]) {
+            kill(c->procs.pid[a], SIGCONT);
+        }
+        break;
+    case F_ETCD_PARTITION:
+    case F_PEER_PARTITION:
+        if (!chaos_net_routes(c, a, c->faults.hold.kind == F_ETCD_PARTITION, false)) {
+            chaos_say("cannot remove the routes of agent %d's partition", c->procs.id[a]);
+        }
+        break;
+    case F_ETCD_SILENT:
+        chaos_etcd_signal(c, a, SIGCONT);
+        break;
+    default:
+        break;
+    }
+    c->faults.hold.on = false;
+    c->faults.hold.healed_at = rg_wall_s();
+}
+
+double chaos_fault_heal_at(const chaos_t *c)
+{
+    return c->faults.hold.on ? c->faults.hold.heal_at
+                             : c->net.cut.on ? c->net.cut.heal_at : 0;
+}
+
+double chaos_fault_healed_at(const chaos_t *c)
+{
+    return RG_MAX(c->faults.hold.healed_at, c->net.cut.healed_at);
+}
+
+/* A node stopped, cut from etcd or from its peers for longer than the lease TTL (2 s). */
+static void node_hold(chaos_t *c, chaos_fault_rec_t *r, int a)
+{
+    int hold = 3 + (int)(next_rand(c) % 3);
+    int id = c->procs.id[a];
+    bool ok;
+    r->agent_pid = c->procs.pid[a];
+    if (r->kind == F_AGENT_HANG) {
+        ok = kill(r->agent_pid, SIGSTOP) == 0;
+    } else {
+        ok = chaos_net_routes(c, a, r->kind == F_ETCD_PARTITION, true);
+    }
+    if (!ok) {
+        chaos_say("cannot inject %s on agent %d", chaos_fault_names[r->kind], id);
+    }
+    hold_start(c, r->kind, a, hold);
+    snprintf(r->target, sizeof(r->target), "agent %d (pid %d) for %d s", id,
+             (int)r->agent_pid, hold);
+}
+
 void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r)
 {
     chaos_fault_t kind = r->kind;
@@ -235,7 +315,7 @@ void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r)
         kill_worker(c, r, SIGKILL);
         break;
     case F_WORKER_HANG:
-        kill_worker(c, r, SIGSTOP);   /* never resumed: the peers' deadline must catch it */
+        kill_worker(c, r, SIGSTOP);   /* never resumed: its agent's hang detection ends it */
         break;
     case F_AGENT_KILL:
     case F_PREEMPT:
@@ -284,6 +364,23 @@ void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r)
         break;
     case F_DISK_FULL:
         disk_full(c, r);
+        break;
+    case F_AGENT_HANG:
+    case F_ETCD_PARTITION:
+    case F_PEER_PARTITION:
+        a = pick_agent(c);
+        if (a >= 0) {
+            node_hold(c, r, a);
+            if (kind == F_PEER_PARTITION) {
+                r->agent_pid = 0;   /* it stays a member (its lease lives): nothing to rejoin */
+            }
+        }
+        break;
+    case F_ETCD_SILENT:
+        m = (int)(next_rand(c) % (uint64_t)c->procs.etcd.n);
+        chaos_etcd_signal(c, m, SIGSTOP);
+        hold_start(c, kind, m, 2 + (int)(next_rand(c) % 3));
+        snprintf(r->target, sizeof(r->target), "etcd member %d stopped", m);
         break;
     case F_COUNT:
         break;

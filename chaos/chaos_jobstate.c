@@ -8,9 +8,11 @@
  *   failures/, counted                -> chaos_job_failure_count
  *   rounds/<r>/closed, an agent's pid -> chaos_job_agent_in_round
  *   the whole job (rg_rdzv_status_print) -> chaos_job_print_state
+ *   the history of the job's keys (rdzv_fence_audit) -> chaos_job_stale_writes
  * A record that does not decode counts as absent, as an unreadable one did before.
  */
 #include "chaos.h"
+#include "rdzv_fence.h"
 
 #include <regroup/rdzv.h>
 
@@ -149,4 +151,20 @@ void chaos_job_print_state(chaos_t *c, FILE *out)
     if (rg_rdzv_status_print(&c->job.params, CHAOS_JOB_ID, out) != RG_OK) {
         chaos_say("cannot read the job's state: %s", rg_last_error());
     }
+}
+
+int chaos_job_stale_writes(chaos_t *c, int *checked)
+{
+    int stale = 0;
+    char first[512];
+    if (rdzv_fence_audit(&c->job.params, CHAOS_JOB_ID, &stale, checked, first,
+                         sizeof(first)) != RG_OK) {
+        chaos_say("cannot read the job's history: %s", rg_last_error());
+        *checked = -1;
+        return -1;
+    }
+    if (stale > 0) {
+        chaos_say("%d writes of stale members were accepted; the first: %s", stale, first);
+    }
+    return stale;
 }

@@ -62,7 +62,12 @@ static bool run_setup(chaos_t *c)
     setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
     setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
     setenv("REGROUP_LOG_LEVEL", "warn", 0);
-    if (chaos_fault_enabled(c, F_PARTITION)) {
+    bool net = false;
+    for (int k = 0; k < F_COUNT; k++) {
+        net = net || (chaos_fault_needs_net((chaos_fault_t)k) &&
+                      chaos_fault_enabled(c, (chaos_fault_t)k));
+    }
+    if (net) {
         chaos_net_setup(c);
     }
     /* Workers in namespaces of their own reach each other over tcp on their veth only. */
@@ -126,6 +131,7 @@ int main(int argc, char **argv)
     chaos_check_result(c);
     chaos_agents_kill(c);
     chaos_check_checkpoints(c);
+    chaos_check_history(c);
     chaos_job_close(c);
     chaos_etcd_stop(c);
     chaos_check_leaks(c);

@@ -147,6 +147,20 @@ bool chaos_net_cut(chaos_t *c, int i, int hold_s)
     return true;
 }
 
+bool chaos_net_routes(chaos_t *c, int i, bool etcd, bool add)
+{
+    const char *ns = chaos_net_node_name(c, i);
+    const char *op = add ? "add" : "del";
+    if (etcd) {
+        return net_sh(c, "ip -n %s route %s blackhole " NET_PREFIX "0.1/32", ns, op) == 0;
+    }
+    /* etcd's /32 through the link, every other address of the bridge's /16 (the peers) into
+     * two /17 blackholes: the more specific route wins. */
+    return net_sh(c, "ip -n %s route %s " NET_PREFIX "0.1/32 dev veth0", ns, op) == 0 &&
+           net_sh(c, "ip -n %s route %s blackhole " NET_PREFIX "0.0/17", ns, op) == 0 &&
+           net_sh(c, "ip -n %s route %s blackhole " NET_PREFIX "128.0/17", ns, op) == 0;
+}
+
 void chaos_net_heal(chaos_t *c, bool now)
 {
     if (c->net.cut.on && (now || rg_wall_s() >= c->net.cut.heal_at)) {

@@ -17,7 +17,9 @@
 
 bool chaos_etcd_start(chaos_t *c)
 {
-    int members = chaos_fault_enabled(c, F_ETCD_MEMBER) || chaos_fault_enabled(c, F_ETCD_LEADER)
+    int members = chaos_fault_enabled(c, F_ETCD_MEMBER) ||
+                          chaos_fault_enabled(c, F_ETCD_LEADER) ||
+                          chaos_fault_enabled(c, F_ETCD_SILENT)
                       ? 3 : 1;
     if (rg_etcd_server_cluster_start_at(&c->procs.etcd, members,
                                         "--heartbeat-interval=50 --election-timeout=500",
@@ -31,6 +33,13 @@ bool chaos_etcd_start(chaos_t *c)
 void chaos_etcd_stop(chaos_t *c)
 {
     rg_etcd_server_stop(&c->procs.etcd);
+}
+
+void chaos_etcd_signal(chaos_t *c, int m, int sig)
+{
+    if (m >= 0 && m < c->procs.etcd.n && c->procs.etcd.pid[m] > 0) {
+        kill(c->procs.etcd.pid[m], sig);
+    }
 }
 
 void chaos_etcd_kill(chaos_t *c, int m)

@@ -54,7 +54,7 @@ static void report_faults(const chaos_t *c, FILE *f)
                 i ? "," : "", chaos_fault_names[r->kind], r->target, r->recovery_s,
                 (long long)r->committed, (long long)r->resumed,
                 (long long)(r->resumed >= 0 ? RG_MAX(0, r->step_before - r->resumed) : 0));
-        if (r->kind == F_PARTITION) {
+        if (chaos_fault_node_returns(r->kind)) {
             fprintf(f, ",\"rejoin_s\":%.4f", r->rejoin_s);
         }
         fprintf(f, "}");
@@ -102,15 +102,19 @@ void chaos_report_write(const chaos_t *c)
     }
     report_by_kind(c, f);
     printf("\ninvariants: finished=%d result=%d checkpoints_verify=%d (%d checked) "
-           "no_lost_work=%d no_leaks=%d time_bound=%d all_recovered=%d\n%s\nresult: %s\n",
+           "no_lost_work=%d no_stale_writes=%d (%d writes checked) no_leaks=%d time_bound=%d "
+           "all_recovered=%d\n%s\nresult: %s\n",
            inv->finished, inv->result, inv->checkpoints_verify, inv->verified, inv->no_lost_work,
-           inv->no_leaks, inv->time_bound, inv->recovered, inv->result_line,
+           inv->no_stale_writes, inv->history_checked, inv->no_leaks, inv->time_bound,
+           inv->recovered, inv->result_line,
            inv->pass ? "PASS" : "FAIL");
     if (f) {
         fprintf(f, "},\"invariants\":{\"finished\":%s,\"result\":%s,\"checkpoints_verify\":%s,"
-                "\"no_lost_work\":%s,\"no_leaks\":%s,\"time_bound\":%s,\"all_recovered\":%s},"
+                "\"no_lost_work\":%s,\"no_stale_writes\":%s,\"history_writes_checked\":%d,"
+                "\"no_leaks\":%s,\"time_bound\":%s,\"all_recovered\":%s},"
                 "\"passed\":%s}\n", tf(inv->finished), tf(inv->result),
-                tf(inv->checkpoints_verify), tf(inv->no_lost_work), tf(inv->no_leaks),
+                tf(inv->checkpoints_verify), tf(inv->no_lost_work), tf(inv->no_stale_writes),
+                inv->history_checked, tf(inv->no_leaks),
                 tf(inv->time_bound), tf(inv->recovered), tf(inv->pass));
         fclose(f);
     }

@@ -132,6 +132,16 @@ rg_status_t ckpt_commit(const ckpt_commit_args_t *a)
         }
         rg_sleep_ms(RG_MIN(COMMIT_POLL_MS, rg_deadline_left_ms(deadline)));
     }
+#ifdef RG_CKPT_WITH_ETCD
+    if (a->etcd != NULL) {
+        /* A writer that is no longer a member of the job's round commits nothing: the
+         * MANIFEST is what makes the step exist for every later loader. */
+        st = ckpt_etcd_fence_check(a);
+        if (st != RG_OK) {
+            goto out_free;
+        }
+    }
+#endif
     rg_dbuf_init(&text, CKPT_MAX_TEXT + (size_t)a->world_size * 64);
     st = ckpt_manifest_encode(&m, &text);
     if (st == RG_OK) {
@@ -146,7 +156,19 @@ rg_status_t ckpt_commit(const ckpt_commit_args_t *a)
             a->world_size);
 #ifdef RG_CKPT_WITH_ETCD
     if (a->etcd != NULL) {
-        st = ckpt_etcd_record(a->etcd, a->job, a->step);
+        st = ckpt_etcd_record(a);
+        if (st == RG_ELEASE) {
+            /* Fenced between the check and now (the membership ended while the MANIFEST was
+             * written): take the step back, it was never the job's. */
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", rg_last_error());
+            rg_warn("checkpoint step %" PRId64 ": %s; removing it", a->step, msg);
+            if (ckpt_remove_step_dir(a->dir) != RG_OK) {
+                rg_warn("cannot remove %s: %s", a->dir, rg_last_error());
+            }
+            st = rg_error(RG_ELEASE, "%s", msg);
+            goto out_free;
+        }
         if (st != RG_OK) {
             /* The step is committed on disk (loaders find it there); say so. */
             st = rg_error_wrap(st, "step %" PRId64 " committed on disk but not in etcd",

@@ -50,6 +50,9 @@ struct rg_ckpt {
     int64_t     busy_timeout_ms;
     uint64_t    attempt;
     rg_etcd_t  *etcd;
+    char       *fence_agent;       /* NULL: unfenced (rg_ckpt_params_t) */
+    int64_t     fence_lease;
+    int         fence_round;
 
     uint8_t    *staging;
     size_t      staging_cap;
@@ -97,13 +100,19 @@ typedef struct {
     unsigned    keep_last;
     uint64_t    keep_every;
     uint64_t    attempt;       /* only records with this tag count (0: any) */
+    const char *fence_agent;   /* with etcd: the commit's fence (NULL: none) */
+    int64_t     fence_lease;
+    int         fence_round;
 } ckpt_commit_args_t;
 
 /* Waits for every shard record, writes the MANIFEST, records the step in etcd, removes
  * uncommitted older steps and applies retention. */
 rg_status_t ckpt_commit(const ckpt_commit_args_t *a);
 
-/* Records the committed step in etcd (ckpt_etcd.c). */
-rg_status_t ckpt_etcd_record(rg_etcd_t *etcd, const char *job, int64_t step);
+/* The commit's etcd part (ckpt_etcd.c), both under the args' fence: whether the writer may
+ * commit at all (before the MANIFEST; RG_ELEASE if fenced), and recording the committed
+ * step at ckpt/latest. */
+rg_status_t ckpt_etcd_fence_check(const ckpt_commit_args_t *a);
+rg_status_t ckpt_etcd_record(const ckpt_commit_args_t *a);
 
 #endif

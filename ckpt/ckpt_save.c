@@ -146,6 +146,9 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
     ck->busy_timeout_ms = p->busy_timeout_ms ? p->busy_timeout_ms : 600000;
     ck->attempt = p->attempt;
     ck->etcd = p->etcd;
+    ck->fence_agent = p->fence_agent != NULL ? rg_strdup(p->fence_agent) : NULL;
+    ck->fence_lease = p->fence_lease;
+    ck->fence_round = p->fence_round;
     pthread_mutex_init(&ck->mu, NULL);
     pthread_cond_init(&ck->work_cv, NULL);
     {
@@ -155,7 +158,8 @@ rg_status_t rg_ckpt_create(const rg_ckpt_params_t *p, rg_ckpt_t **ckpt_p)
         pthread_cond_init(&ck->done_cv, &ca);
         pthread_condattr_destroy(&ca);
     }
-    if (ck->root == NULL || (p->job != NULL && ck->job == NULL)) {
+    if (ck->root == NULL || (p->job != NULL && ck->job == NULL) ||
+        (p->fence_agent != NULL && ck->fence_agent == NULL)) {
         st = rg_error(RG_ENOMEM, "no memory for a checkpointer");
         goto err_free;
     }
@@ -235,6 +239,7 @@ void rg_ckpt_destroy(rg_ckpt_t *ck)
     free(ck->staging);
     free(ck->root);
     free(ck->job);
+    free(ck->fence_agent);
     pthread_cond_destroy(&ck->done_cv);
     pthread_cond_destroy(&ck->work_cv);
     pthread_mutex_destroy(&ck->mu);

@@ -205,6 +205,8 @@ rg_status_t ckpt_save_run(rg_ckpt_t *ck)
                                .world_size = (uint32_t)ck->world_size,
                                .timeout_ms = ck->commit_timeout_ms, .etcd = ck->etcd,
                                .job = ck->job, .keep_last = ck->keep_last,
-                               .keep_every = ck->keep_every, .attempt = ck->attempt};
+                               .keep_every = ck->keep_every, .attempt = ck->attempt,
+                               .fence_agent = ck->fence_agent, .fence_lease = ck->fence_lease,
+                               .fence_round = ck->fence_round};
     return ckpt_commit(&args);
 }

@@ -29,6 +29,7 @@
 #ifndef REGROUP_LAUNCHER_H
 #define REGROUP_LAUNCHER_H
 
+#include "rg_beat.h"
 #include "rg_common.h"
 
 #include <regroup/rdzv.h>
@@ -44,7 +45,7 @@
 typedef enum {
     RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
     RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
-    RG_AGENT_MONITOR, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
+    RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
     RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
     RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
@@ -100,6 +101,9 @@ typedef struct {
     int         max_restarts;       /* worker failures tolerated, 0..1000000 */
     int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
     int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
+    int64_t     hang_ms;            /* a worker of the worker API whose heartbeat (rg_beat.h)
+                                     * is older than this is hung: killed, a failure; 0 = off,
+                                     * else 0.2..3600 s */
     char        role[64];
     char        log_dir[512];       /* "": a temporary one when redirects or tee need it */
     int         redirects;          /* 0..3 for every local rank (bit 1: stdout, bit 2: stderr
@@ -253,7 +257,20 @@ typedef struct {
     const char                 *log_dir;      /* cfg's, or the temporary one; "" for none */
     int                         notice_fd;    /* the agent's notice page, inherited by each
                                                  worker as $REGROUP_NOTICE_FD; -1: none */
+    int                         beat_fd;      /* the workers' heartbeat page
+                                                 ($REGROUP_BEAT_FD); -1: none */
+    const char                 *agent;        /* this agent's id and the lease of its */
+    int64_t                     lease;        /* membership: $REGROUP_AGENT_ID and
+                                                 $REGROUP_AGENT_LEASE, what the workers fence
+                                                 their writes with (rdzv_fence.h); NULL: none */
 } launcher_spawn_t;
+
+/* Hang detection (launcher_hang.c): the tick the agent needs to find a hang in time, and
+ * the check: kills the running workers whose heartbeat is older than cfg->hang_ms (the
+ * reaping then reports them), returning how many. */
+int64_t launcher_hang_tick_ms(const rg_agent_params_t *cfg, int64_t tick_ms);
+int     launcher_hang_check(launcher_workers_t *ws, const rg_beat_host_t *beat,
+                            const rg_agent_params_t *cfg);
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                    const sigset_t *child_mask);

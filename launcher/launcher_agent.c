@@ -42,10 +42,12 @@ typedef struct {
     launcher_workers_t       ws;
     int                      stop_signal;
     int                      restart_count;
+    int                      excused_count;  /* failures a lost node explained, seen so far */
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     rg_notice_host_t         notice;         /* the page the workers read (rg_notice.h) */
     launcher_watch_t        *watch;          /* --preemption-notice's watcher, or NULL */
     char                     left_why[LAUNCHER_NOTICE_REASON_MAX]; /* ROUND_LEFT's reason */
+    rg_beat_host_t           beat;           /* the page the workers beat (rg_beat.h) */
     char                     endpoints[1024];
     char                     local_addr[256];
     char                     log_dir[512];   /* cfg's, or a temporary one made here */
@@ -92,7 +94,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
                            .local_addr = ag->local_addr, .log_dir = ag->log_dir,
-                           .notice_fd = ag->notice.fd};
+                           .notice_fd = ag->notice.fd, .beat_fd = ag->beat.fd,
+                           .agent = rg_rdzv_agent_id(ag->rdzv),
+                           .lease = rg_rdzv_lease_id(ag->rdzv)};
     rg_status_t st;
 
     launcher_leave_t lv;
@@ -100,6 +104,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     rg_log_set_identity(asg->rank_offset, asg->round);
     ag->restart_count = asg->restart_count;
     launcher_leave_init(&lv, cfg, &ag->ws, ag->rdzv, &ag->notice, asg);
+    for (int i = 0; i < cfg->nproc; i++) {
+        rg_beat_host_reset(&ag->beat, i);   /* armed by each new worker's first beat */
+    }
     st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
     if (st != RG_OK) {
         ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
@@ -130,7 +137,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                 pfd[n++] = (struct pollfd){.fd = ag->ws.w[i].err_fd, .events = POLLIN};
             }
         }
-        if (poll(pfd, (nfds_t)n, (int)launcher_leave_poll_ms(&lv, agent_tick_ms(cfg))) < 0 &&
+        if (poll(pfd, (nfds_t)n,
+                 (int)launcher_leave_poll_ms(&lv, launcher_hang_tick_ms(cfg, agent_tick_ms(cfg)))) < 0 &&
             errno != EINTR) {
             ag->error = rg_error(RG_ESYS, "poll: %s", strerror(errno));
             fprintf(stderr, "regroup: %s\n", rg_last_error());
@@ -198,6 +206,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
             launcher_leave_stop(&lv);
             return agent_left(ag, &lv);
         }
+        (void)launcher_hang_check(&ag->ws, &ag->beat, cfg);   /* reaped at the next look */
         rg_rdzv_change_t change;
         st = rg_rdzv_check(ag->rdzv, &change);
         if (st != RG_OK) {
@@ -257,6 +266,12 @@ static rg_status_t agent_loop(agent_t *ag)
             break;
         }
         ag->restart_count = asg->restart_count;
+        if (asg->excused_count > ag->excused_count) {
+            fprintf(stderr, "regroup: round %d: the last worker failure is not counted "
+                    "against --max-restarts=%d: a node of that round was lost (restarts %d)\n",
+                    asg->round, cfg->max_restarts, asg->restart_count);
+            ag->excused_count = asg->excused_count;
+        }
         if (asg->job_done) {
             fprintf(stderr, "regroup: the job finished without this node\n");
             st = RG_OK;
@@ -400,6 +415,9 @@ static rg_status_t agent_main(agent_t *ag)
         goto out;
     }
     st = rg_notice_host_create(&ag->notice, cfg->lease_ttl_s * 1000);
+    if (st == RG_OK && cfg->hang_ms > 0) {
+        st = rg_beat_host_create(&ag->beat, cfg->nproc);
+    }
     if (st != RG_OK) {
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         goto out;
@@ -442,6 +460,7 @@ out:
     ag->watch = NULL;
     rg_rdzv_destroy(ag->rdzv);
     rg_notice_host_destroy(&ag->notice);
+    rg_beat_host_destroy(&ag->beat);
     if (etcd != NULL) {
         /* The rendezvous this agent serves outlives its own part of the job until the other
          * agents have left (torchrun's exit barrier), unless a signal stopped this agent. */
@@ -482,6 +501,7 @@ rg_status_t rg_agent_run(const rg_agent_params_t *cfg, rg_agent_result_t *result
     ag->cfg = cfg;
     ag->sigfd = -1;
     ag->notice.fd = -1;
+    ag->beat.fd = -1;
     /* Signals arrive through the signalfd; block them before any thread starts so that
      * every thread (curl's, the lease keeper's, the watch's) inherits the mask. */
     sigemptyset(&block);

@@ -103,7 +103,8 @@ void launcher_usage(FILE *out)
 "                            (a single-member etcd on that port, default 29400)\n"
 "  --rdzv-endpoint=H:P[,...] etcd endpoints, http:// or https://; c10d: one HOST[:PORT]\n"
 "  --rdzv-id=JOB             job id shared by the job's nodes (default none)\n"
-"  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl (seconds), user,\n"
+"  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl, hang_timeout\n"
+"                            (seconds; hang_timeout 0 = off, default 1), user,\n"
 "                            password or password_file (a file of one line that other\n"
 "                            users cannot read), cacert, cert, key, grace_period\n"
 "  --standalone              run a private etcd for a single-node job\n"
@@ -231,6 +232,9 @@ static int parse_rdzv_conf(rg_agent_params_t *p, const char *conf, const char *s
             f = RG_AGENT_LEASE_TTL;
             ok = parse_int(v, &ttl);
             p->lease_ttl_s = ok ? ttl : p->lease_ttl_s;
+        } else if (strcmp(kv, "hang_timeout") == 0) {
+            f = RG_AGENT_HANG;
+            ok = parse_seconds(v, &p->hang_ms);
         } else if (strcmp(kv, "grace_period") == 0) {
             f = RG_AGENT_GRACE;
             ok = parse_seconds(v, &p->grace_ms);

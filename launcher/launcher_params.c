@@ -31,6 +31,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_LEASE_TTL] = {"lease_ttl", "rdzv-conf", "lease_ttl", K_SEC, true},
     [RG_AGENT_MAX_RESTARTS] = {"max_restarts", "max-restarts", NULL, K_INT, true},
     [RG_AGENT_MONITOR] = {"monitor_interval", "monitor-interval", NULL, K_MS, true},
+    [RG_AGENT_HANG] = {"hang_timeout", "rdzv-conf", "hang_timeout", K_MS, true},
     [RG_AGENT_GRACE] = {"grace_period", "grace-period", "grace_period", K_MS, true},
     [RG_AGENT_ROLE] = {"role", "role", NULL, K_STR, true},
     [RG_AGENT_LOG_DIR] = {"log_dir", "log-dir", NULL, K_STR, true},
@@ -63,6 +64,7 @@ void rg_agent_params_init(rg_agent_params_t *p)
     p->lease_ttl_s = 5;
     p->monitor_ms = 1000;
     p->grace_ms = 5000;
+    p->hang_ms = 1000;
     snprintf(p->role, sizeof(p->role), "default");
 }
 
@@ -72,6 +74,7 @@ static int64_t ms_of(const rg_agent_params_t *p, rg_agent_field_t f)
     case RG_AGENT_LAST_CALL: return p->last_call_ms;
     case RG_AGENT_JOIN_TIMEOUT: return p->join_timeout_ms;
     case RG_AGENT_MONITOR: return p->monitor_ms;
+    case RG_AGENT_HANG: return p->hang_ms;
     default: return p->grace_ms;
     }
 }
@@ -158,6 +161,7 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_LAST_CALL:
     case RG_AGENT_JOIN_TIMEOUT:
     case RG_AGENT_MONITOR:
+    case RG_AGENT_HANG:
     case RG_AGENT_GRACE: snprintf(buf, len, "%g", (double)ms_of(p, f) / 1000); break;
     case RG_AGENT_BACKEND:
         snprintf(buf, len, "%s", p->backend == RG_AGENT_BACKEND_C10D ? "c10d" : "etcd");
@@ -276,6 +280,9 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     }
     if (p->monitor_ms < 1 || p->monitor_ms > 3600000) {
         return BAD(RG_AGENT_MONITOR, "expected seconds in 0.001..3600");
+    }
+    if (p->hang_ms != 0 && (p->hang_ms < 200 || p->hang_ms > 3600000)) {
+        return BAD(RG_AGENT_HANG, "expected 0 (off) or seconds in 0.2..3600");
     }
     if (p->grace_ms < 0 || p->grace_ms > 3600000) {
         return BAD(RG_AGENT_GRACE, "expected seconds in 0..3600");

@@ -117,6 +117,13 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     if (sp->notice_fd >= 0) {
         env_add(e, RG_NOTICE_ENV, "%d", sp->notice_fd);
     }
+    if (sp->beat_fd >= 0) {
+        env_add(e, RG_BEAT_ENV, "%d", sp->beat_fd);
+    }
+    if (sp->agent != NULL && sp->lease != 0) {
+        env_add(e, "REGROUP_AGENT_ID", "%s", sp->agent);
+        env_add(e, "REGROUP_AGENT_LEASE", "%lld", (long long)sp->lease);
+    }
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
@@ -157,7 +164,8 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
 /* In the child, between fork and exec: async-signal-safe calls only. If exec fails, its errno
  * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
 static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
-                       const sigset_t *child_mask, const cpu_set_t *cpus, int notice_fd)
+                       const sigset_t *child_mask, const cpu_set_t *cpus, int notice_fd,
+                       int beat_fd)
 {
     int e;
 
@@ -177,7 +185,10 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_
     dup2(out_w, STDOUT_FILENO);
     dup2(err_w, STDERR_FILENO);
     if (notice_fd >= 0) {
-        fcntl(notice_fd, F_SETFD, 0);   /* the one descriptor of the agent's a worker keeps */
+        fcntl(notice_fd, F_SETFD, 0);   /* the agent's descriptors a worker keeps */
+    }
+    if (beat_fd >= 0) {
+        fcntl(beat_fd, F_SETFD, 0);
     }
     execvpe(args[0], args, envp);
     e = errno;
@@ -338,7 +349,7 @@ static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher
         w->pid = fork();
         if (w->pid == 0) {
             child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
-                       w->bind ? &w->cpus : NULL, sp->notice_fd);
+                       w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd);
         }
         env_free(&env);
         if (w->pid < 0) {

@@ -31,6 +31,12 @@ static bool member_lost(rg_rdzv_t *z, int r, const char *agent, const rg_etcd_ra
     return !rdzv_range_has(nodes, nk) && !rdzv_range_has(done, dk);
 }
 
+/* This agent's fence for the round it runs (rdzv_fence.h). */
+static rg_status_t agent_fence(const rg_rdzv_t *z, rdzv_fence_t *f)
+{
+    return rdzv_fence_init(f, &z->keys, z->cur.round, z->agent, z->lease);
+}
+
 rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
 {
     char k_round[RDZV_KEY_MAX];
@@ -161,8 +167,16 @@ rg_status_t rg_rdzv_report_failure(rg_rdzv_t *z, const rg_rdzv_failure_t *f)
     if (st != RG_OK) {
         return st;
     }
-    /* No lease: the record outlives this agent, for the job's failure report. */
-    st = rg_etcd_put_str(z->etcd, key, text, 0, 0, NULL);
+    /* No lease: the record outlives this agent, for the job's failure report. Fenced: an
+     * agent that is no longer a member (its lease ran out while it was stopped or cut off)
+     * must not fail the round the others run now. */
+    rdzv_fence_t fence;
+    char what[64];
+    snprintf(what, sizeof(what), "the failure marker of rank %d", f->rank);
+    st = agent_fence(z, &fence);
+    if (st == RG_OK) {
+        st = rdzv_fence_put(z->etcd, &fence, key, text, 0, 0, what);
+    }
     free(text);
     return st;
 }
@@ -180,7 +194,25 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
     if (r > z->cur.round) {
         return RG_OK;   /* someone already moved on */
     }
-    return rdzv_round_advance(z, r);
+    rdzv_fence_t fence;
+    st = agent_fence(z, &fence);
+    if (st != RG_OK) {
+        return st;
+    }
+    st = rdzv_round_advance_fenced(z, r, &fence);
+    if (st == RG_ELEASE) {
+        /* Not a member any more. If nobody is (every lease of the round ended at once: etcd
+         * was out of reach of them all), the round is dead and someone must move on, or
+         * every agent would find itself named by its closed record again and again. */
+        char msg[1024];
+        bool moved = false;
+        snprintf(msg, sizeof(msg), "%s", rg_last_error());
+        if (rdzv_round_advance_if_dead(z, r, &moved) == RG_OK && moved) {
+            return RG_OK;
+        }
+        return rg_error(RG_ELEASE, "%s", msg);
+    }
+    return st;
 }
 
 rg_status_t rg_rdzv_done(rg_rdzv_t *z)
@@ -195,5 +227,10 @@ rg_status_t rg_rdzv_done(rg_rdzv_t *z)
     if (st != RG_OK) {
         return st;
     }
-    return rg_etcd_put_str(z->etcd, key, rec, 0, 0, NULL);
+    rdzv_fence_t fence;
+    st = agent_fence(z, &fence);
+    if (st != RG_OK) {
+        return st;
+    }
+    return rdzv_fence_put(z->etcd, &fence, key, rec, 0, 0, "the done record");
 }

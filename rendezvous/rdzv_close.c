@@ -35,6 +35,22 @@ static bool all_expected_here(const rdzv_close_in_t *in)
     return true;
 }
 
+/* Whether a live member of prev (one of in->expected that was in prev) is not here yet:
+ * after a failure its fate decides whether the failure counts. */
+static bool prev_member_missing(const rdzv_close_in_t *in)
+{
+    if (in->prev == NULL || in->n_expected < 0) {
+        return false;
+    }
+    for (int i = 0; i < in->n_expected; i++) {
+        if (!registered(in, in->expected[i]) &&
+            rdzv_assignment_find(in->prev, in->expected[i]) >= 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Members of the previous closed round first, in their old order; then newcomers by
  * arrival (create revision). The agent id breaks what is left (a duplicate previous rank, or
  * one revision for two keys, which etcd never gives) so that every agent orders alike. */
@@ -76,7 +92,10 @@ static void assign(const rdzv_close_in_t *in, rg_rdzv_assignment_t *a)
     memset(a, 0, sizeof(*a));
     a->round = in->round;
     a->group_rank = -1;
-    a->restart_count = (in->prev ? in->prev->restart_count : 0) + (in->prev_failed ? 1 : 0);
+    bool excused = in->prev_failed && in->prev_lost > 0;
+    a->restart_count = (in->prev ? in->prev->restart_count : 0) +
+                       (in->prev_failed && !excused ? 1 : 0);
+    a->excused_count = (in->prev ? in->prev->excused_count : 0) + (excused ? 1 : 0);
     a->job_failed = a->restart_count > in->max_restarts;
     for (int i = 0; i < n; i++) {
         const rdzv_node_rec_t *d = &in->nodes[order[i]];
@@ -98,6 +117,7 @@ void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
 
     assert(in->n_nodes >= 0 && in->n_nodes <= RDZV_LIST_MAX);
     out->wake_ns = 0;
+    out->excused = false;
     if (in->n_nodes < in->min_nodes || in->n_nodes < 1) {
         out->verdict = RDZV_CLOSE_BELOW_MIN;
         out->min_reached_ns = 0;
@@ -111,7 +131,14 @@ void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
         close = all_expected_here(in);
     }
     if (!close) {
-        uint64_t at = out->min_reached_ns + (uint64_t)in->last_call_ms * 1000000ull;
+        int64_t window_ms = in->last_call_ms;
+        /* After a failure, a member of prev that is neither here nor lost may be dead with
+         * its lease still running (a node killed): wait for its lease to end, so that the
+         * failure its death caused is not counted as the job's. */
+        if (in->prev_failed && prev_member_missing(in)) {
+            window_ms += RG_MAX(in->lease_ttl_ms, 0);
+        }
+        uint64_t at = out->min_reached_ns + (uint64_t)window_ms * 1000000ull;
         close = in->now_ns >= at;
         if (!close) {
             out->verdict = RDZV_CLOSE_WAIT;
@@ -120,5 +147,6 @@ void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
         }
     }
     out->verdict = RDZV_CLOSE_NOW;
+    out->excused = in->prev_failed && in->prev_lost > 0;
     assign(in, closed);
 }

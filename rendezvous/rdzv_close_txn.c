@@ -53,9 +53,24 @@ static bool left_on_purpose(const rg_etcd_range_t *leaving, const char *prefix,
     return false;
 }
 
+/* Whether prev's member agent left no trace in prev: its node key (leased) is gone and it
+ * wrote no done record, so its lease expired or was revoked before it finished. */
+static bool member_lost(rg_rdzv_t *z, int prev_round, const char *agent,
+                        const rg_etcd_range_t *live, const rg_etcd_range_t *done)
+{
+    char nk[RDZV_KEY_MAX];
+    char dk[RDZV_KEY_MAX];
+    if (rdzv_keys_node(&z->keys, prev_round, agent, nk, sizeof(nk)) != RG_OK ||
+        rdzv_keys_done(&z->keys, prev_round, agent, dk, sizeof(dk)) != RG_OK) {
+        return false;
+    }
+    return !rdzv_range_has(live, nk) && !rdzv_range_has(done, dk);
+}
+
 /* What the close policy needs beyond the round's own nodes: the previous closed round, its
- * live members, the waiting nodes and whether the previous round failed. The ranges hold the
- * agent ids in->expected points to: clean them up after the plan. */
+ * live members, the waiting nodes, whether the previous round failed and how many of its
+ * members were lost. The ranges hold the agent ids in->expected points to: clean them up
+ * after the plan. */
 static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
                                       rg_etcd_txn_t *t, bool *have_txn)
 {
@@ -63,6 +78,7 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
     char k_wait[RDZV_KEY_MAX];
     char k_fail[RDZV_KEY_MAX];
     char k_leave[RDZV_KEY_MAX];
+    char k_done[RDZV_KEY_MAX];
     int prev_round = last_closed_before(z, r, &z->prev);
     rg_status_t st;
 
@@ -80,10 +96,13 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
     if (st == RG_OK) {
         st = rdzv_keys_leaving_prefix(&z->keys, prev_round, k_leave, sizeof(k_leave));
     }
+    if (st == RG_OK) {
+        st = rdzv_keys_done_prefix(&z->keys, prev_round, k_done, sizeof(k_done));
+    }
     if (st != RG_OK) {
         return st;
     }
-    rg_etcd_op_t ops[4] = {
+    rg_etcd_op_t ops[5] = {
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_live, .prefix = true,
                                                .keys_only = true}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_wait, .prefix = true,
@@ -93,14 +112,23 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
         /* members that left on purpose are not waited for, even before their lease goes */
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_leave, .prefix = true,
                                                .keys_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_done, .prefix = true,
+                                               .keys_only = true}},
     };
-    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 4, NULL, 0, 0, t);
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 5, NULL, 0, 0, t);
     if (st != RG_OK) {
         return st;
     }
     *have_txn = true;
     in->prev = &z->prev;
     in->prev_failed = t->results[2].u.range.count > 0;
+    in->prev_lost = 0;
+    for (int i = 0; i < z->prev.n_members; i++) {
+        if (member_lost(z, prev_round, z->prev.members[i].agent, &t->results[0].u.range,
+                        &t->results[4].u.range)) {
+            in->prev_lost++;
+        }
+    }
     in->n_expected = 0;
     for (int k = 0; k < 2; k++) {
         const rg_etcd_range_t *res = &t->results[k].u.range;
@@ -123,7 +151,7 @@ static rg_status_t read_close_context(rg_rdzv_t *z, int r, rdzv_close_in_t *in,
 /* Writes rounds/<r>/closed once: only if it does not exist, `round` is still r and no key
  * under rounds/<r>/nodes/ changed since the listing at revision rev. */
 static rg_status_t write_closed(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a,
-                                int64_t rev)
+                                int64_t rev, int lost)
 {
     char closed_key[RDZV_KEY_MAX];
     char round_key[RDZV_KEY_MAX];
@@ -176,6 +204,14 @@ static rg_status_t write_closed(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t 
         char old[RDZV_KEY_MAX];
         rg_info("rendezvous: closed round %d with %d nodes (restarts %d)", r, a->n_members,
                 a->restart_count);
+        if (lost > 0) {
+            rg_warn("rendezvous: the worker failure of round %d is not counted against "
+                    "--max-restarts: %d member%s of that round %s lost (lease expired or "
+                    "revoked), which explains it; round %d runs with %d nodes (restarts %d, "
+                    "failures excused %d)", z->prev.round, lost, lost == 1 ? "" : "s",
+                    lost == 1 ? "was" : "were", r, a->n_members, a->restart_count,
+                    a->excused_count);
+        }
         /* Old rounds are history now; keep the last two for status and debugging. */
         if (r >= 2 && rdzv_keys_round_prefix(&z->keys, r - 2, old, sizeof(old)) == RG_OK) {
             rg_etcd_delete_t dr;
@@ -195,7 +231,8 @@ rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64
                           .max_restarts = z->p.max_restarts, .last_call_ms = z->p.last_call_ms,
                           .round = r, .nodes = z->nodes, .n_nodes = n,
                           .expected = z->expected, .n_expected = 0,
-                          .min_reached_ns = z->min_reached_ns};
+                          .min_reached_ns = z->min_reached_ns,
+                          .lease_ttl_ms = z->p.lease_ttl_s * 1000};
     rdzv_close_out_t out = {0};
     rg_etcd_txn_t ctx;
     bool have_ctx = false;
@@ -220,7 +257,7 @@ rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64
         *wake_ns = out.wake_ns;
         return RG_OK;
     }
-    st = write_closed(z, r, &z->closing, rev);
+    st = write_closed(z, r, &z->closing, rev, out.excused ? in.prev_lost : 0);
     *wake_ns = rg_now_ns();   /* look again at once: closed, or someone raced us */
     return st;
 }

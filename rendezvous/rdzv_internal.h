@@ -10,6 +10,7 @@
  *                     compare-and-swap
  *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
  *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
+ *   rdzv_fence.c      fenced writes: conditional on the writer still being a member (rdzv_fence.h)
  *   rdzv_print.c      the failure table at the end of a failed job
  *   rdzv_leaving.c    nodes that leave on purpose (rdzv_leaving.h): their records
  *
@@ -22,6 +23,7 @@
 #define REGROUP_RDZV_INTERNAL_H
 
 #include "etcd_internal.h"
+#include "rdzv_fence.h"
 #include "rdzv_keys.h"
 #include "rdzv_leaving.h"
 
@@ -45,6 +47,13 @@ typedef struct {
     int      n_nodes;
     const rg_rdzv_assignment_t *prev;   /* the last closed round before it, NULL if none */
     bool     prev_failed;               /* prev has a failure marker: this close restarts */
+    /* With prev: how many of its members are lost (their node key in prev is gone, with
+     * their lease, and they left no done record). A failure of prev that comes with such a
+     * loss is the loss's doing: it is not counted against max_restarts (excused). While prev
+     * failed and one of its members is neither registered here nor lost, the round waits for
+     * its fate up to lease_ttl_ms beyond the last-call window. */
+    int      prev_lost;
+    int64_t  lease_ttl_ms;
     /* With prev: the agents the round may close early for once all have registered (prev's
      * live members and the waiting nodes); n_expected < 0 means unknown (the window decides). */
     const char *const *expected;
@@ -63,13 +72,15 @@ typedef struct {
     rdzv_close_verdict_t verdict;
     uint64_t min_reached_ns;            /* to pass in at the next look */
     uint64_t wake_ns;                   /* WAIT: when the last-call window ends */
+    bool     excused;                   /* NOW: prev's failure is not counted (prev_lost) */
 } rdzv_close_out_t;
 
 /* Decides whether in->round closes now. With RDZV_CLOSE_NOW, *closed is the record to write:
  * members ordered (the previous round's in their old order, then newcomers by create
- * revision, then by agent id), at most max_nodes of them, the restart count, whether the
- * job failed, and the master (the first member's address and port); round set, group_rank
- * -1. Otherwise *closed is untouched. */
+ * revision, then by agent id), at most max_nodes of them, the restart count (prev's, plus
+ * one if prev failed and no member of prev was lost) and the excused count (prev's, plus
+ * one if prev failed and one was), whether the job failed, and the master (the first
+ * member's address and port); round set, group_rank -1. Otherwise *closed is untouched. */
 void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
                      rg_rdzv_assignment_t *closed);
 
@@ -119,8 +130,15 @@ bool        rdzv_watch_drain(rg_rdzv_t *z);
 
 /* rdzv_round.c: reads `round` (creating it as 0 for the job's first agent). */
 rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);
-/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). */
+/* Moves `round` from r to r + 1 by compare-and-swap (a no-op if it already moved). The
+ * fenced form (a member's move, rdzv_fence.h) also needs the member's node key of round r
+ * to hold its lease, and fails with RG_ELEASE if it does not. */
 rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r);
+rg_status_t rdzv_round_advance_fenced(rg_rdzv_t *z, int r, const rdzv_fence_t *fence);
+/* Moves `round` from r to r + 1 only if no node key of round r is left (every member's lease
+ * ended: the round is dead, and a member that lost its own lease may then move on); *moved
+ * says whether it did. */
+rg_status_t rdzv_round_advance_if_dead(rg_rdzv_t *z, int r, bool *moved);
 
 /* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
  * revision rev) and closes the round if it says so; *wake_ns is when to look again. */

@@ -141,11 +141,12 @@ rg_status_t rdzv_rec_waiting_encode(const rg_rdzv_member_t *m, char **text_p) RG
 rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t *m)
     RG_NODISCARD;
 
-/* rounds/<r>/closed: {"members":[{"agent","addr","nproc"}...],"restarts","failed",
+/* rounds/<r>/closed: {"members":[{"agent","addr","nproc"}...],"restarts","excused","failed",
  * "master_addr","master_port","time"}. The encoder writes a's members, restart_count,
- * job_failed, master_addr and master_port, and time (wall seconds). The decoder fills
- * members, n_members, group_world, world_size, restart_count, job_failed, master_addr and
- * master_port, sets round to r and group_rank to -1 (see rdzv_assignment_locate).
+ * excused_count, job_failed, master_addr and master_port, and time (wall seconds). The
+ * decoder fills members, n_members, group_world, world_size, restart_count, excused_count
+ * (0 when absent: older agents), job_failed, master_addr and master_port, sets round to r
+ * and group_rank to -1 (see rdzv_assignment_locate).
  * rdzv_rec_closed_time reads the record's time alone: -1 when it has none (RG_EPROTO if the
  * value is not a JSON object). */
 rg_status_t rdzv_rec_closed_encode(const rg_rdzv_assignment_t *a, double time, char **text_p)

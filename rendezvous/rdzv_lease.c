@@ -219,6 +219,11 @@ const char *rg_rdzv_agent_id(const rg_rdzv_t *z)
     return z->agent;
 }
 
+int64_t rg_rdzv_lease_id(const rg_rdzv_t *z)
+{
+    return z->lease;
+}
+
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *z)
 {
     return z->etcd;

@@ -222,9 +222,10 @@ rg_status_t rdzv_rec_closed_encode(const rg_rdzv_assignment_t *a, double time, c
         return rg_error(RG_ENOMEM, "closed record");
     }
     return dump("closed",
-                json_pack("{s:o, s:i, s:b, s:s, s:i, s:f}", "members", members, "restarts",
-                          a->restart_count, "failed", a->job_failed, "master_addr",
-                          a->master_addr, "master_port", a->master_port, "time", time),
+                json_pack("{s:o, s:i, s:i, s:b, s:s, s:i, s:f}", "members", members,
+                          "restarts", a->restart_count, "excused", a->excused_count, "failed",
+                          a->job_failed, "master_addr", a->master_addr, "master_port",
+                          a->master_port, "time", time),
                 text_p);
 }
 
@@ -246,7 +247,9 @@ rg_status_t rdzv_rec_closed_decode(const char *v, size_t len, int64_t r,
     ok = json_is_array(members) && n >= 1 && n <= RG_RDZV_MAX_NODES && json_is_boolean(failed) &&
          get_int(j, "restarts", 0, INT32_MAX, &a->restart_count) &&
          get_str(j, "master_addr", a->master_addr, sizeof(a->master_addr)) &&
-         get_int(j, "master_port", 0, 65535, &a->master_port);
+         get_int(j, "master_port", 0, 65535, &a->master_port) &&
+         (json_object_get(j, "excused") == NULL ||   /* older agents did not write it */
+          get_int(j, "excused", 0, INT32_MAX, &a->excused_count));
     for (size_t i = 0; ok && i < n; i++) {
         ok = member_get(json_array_get(members, i), &a->members[i]);
         a->world_size += ok ? a->members[i].nproc : 0;

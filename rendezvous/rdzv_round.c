@@ -74,7 +74,7 @@ rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p)
     return RG_OK;
 }
 
-rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r)
+rg_status_t rdzv_round_advance_fenced(rg_rdzv_t *z, int r, const rdzv_fence_t *fence)
 {
     char key[RDZV_KEY_MAX];
     char cur[RDZV_NUM_MAX];
@@ -92,10 +92,23 @@ rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r)
     if (st != RG_OK) {
         return st;
     }
-    rg_etcd_cmp_t c = {.key = key, .target = RG_ETCD_CMP_VALUE, .result = RG_ETCD_EQUAL,
-                       .value = cur, .value_len = strlen(cur)};
     rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT,
                        .u.put = {.key = key, .value = next, .value_len = strlen(next)}};
+    if (fence != NULL && fence->on) {
+        /* The member's move: the fence compares `round` with its round already. */
+        if (fence->round != r) {
+            return RG_OK;   /* the job left the member's round: nothing to move */
+        }
+        char what[64];
+        snprintf(what, sizeof(what), "opening round %d", r + 1);
+        st = rdzv_fence_txn(z->etcd, fence, &op, 1, 0, what, NULL);
+        if (st == RG_OK) {
+            rg_info("rendezvous: opened round %d", r + 1);
+        }
+        return st;
+    }
+    rg_etcd_cmp_t c = {.key = key, .target = RG_ETCD_CMP_VALUE, .result = RG_ETCD_EQUAL,
+                       .value = cur, .value_len = strlen(cur)};
     st = rg_etcd_txn(z->etcd, &c, 1, &op, 1, NULL, 0, 0, &t);
     if (st == RG_OK) {
         if (t.succeeded) {
@@ -104,6 +117,61 @@ rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r)
         rg_etcd_txn_cleanup(&t);
     }
     return st;
+}
+
+rg_status_t rdzv_round_advance_if_dead(rg_rdzv_t *z, int r, bool *moved)
+{
+    char key[RDZV_KEY_MAX];
+    char nodes[RDZV_KEY_MAX];
+    char cur[RDZV_NUM_MAX];
+    char next[RDZV_NUM_MAX];
+    char *nodes_end;
+    size_t end_len;
+    rg_etcd_txn_t t;
+    rg_status_t st;
+
+    *moved = false;
+    st = rdzv_keys_round(&z->keys, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rdzv_keys_nodes_prefix(&z->keys, r, nodes, sizeof(nodes));
+    }
+    if (st == RG_OK) {
+        st = rdzv_rec_round_encode(r, cur, sizeof(cur));
+    }
+    if (st == RG_OK) {
+        st = rdzv_rec_round_encode(r + 1, next, sizeof(next));
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    nodes_end = etcd_prefix_end(nodes, &end_len);
+    if (nodes_end == NULL) {
+        return rg_error(RG_ENOMEM, "rendezvous: range end");
+    }
+    /* A compare on a range holds for every key in it, and for none: no key under nodes/. */
+    rg_etcd_cmp_t c[2] = {
+        {.key = key, .target = RG_ETCD_CMP_VALUE, .result = RG_ETCD_EQUAL, .value = cur,
+         .value_len = strlen(cur)},
+        {.key = nodes, .range_end = nodes_end, .target = RG_ETCD_CMP_CREATE,
+         .result = RG_ETCD_EQUAL, .number = 0},
+    };
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT,
+                       .u.put = {.key = key, .value = next, .value_len = strlen(next)}};
+    st = rg_etcd_txn(z->etcd, c, 2, &op, 1, NULL, 0, 0, &t);
+    free(nodes_end);
+    if (st == RG_OK) {
+        *moved = t.succeeded;
+        if (t.succeeded) {
+            rg_info("rendezvous: opened round %d (no member of round %d is left)", r + 1, r);
+        }
+        rg_etcd_txn_cleanup(&t);
+    }
+    return st;
+}
+
+rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r)
+{
+    return rdzv_round_advance_fenced(z, r, NULL);
 }
 
 /* ---- registering ------------------------------------------------------------------------ */

@@ -157,6 +157,11 @@ static void print_members(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, 
         fprintf(out, "%s round %lld: %d nodes, world size %d, restarts %d, master %s:%d\n",
                 r == round && !over ? "running" : "last", (long long)r, a->n_members, a->world_size,
                 a->restart_count, a->master_addr[0] ? a->master_addr : "?", a->master_port);
+        if (a->excused_count > 0) {
+            fprintf(out, "not counted: %d worker failure%s, each explained by the loss of a "
+                    "node of its round (not against --max-restarts)\n", a->excused_count,
+                    a->excused_count == 1 ? "" : "s");
+        }
         fprintf(out, "members:\n  %-10s %-8s %-20s %s\n", "node rank", "ranks", "host", "agent");
         int offset = 0;
         for (int i = 0; i < a->n_members; i++) {

@@ -237,6 +237,100 @@ START_TEST(test_restarts)
 }
 END_TEST
 
+/* A failure of prev that came with the loss of one of its members is not counted. */
+START_TEST(test_failure_with_loss_excused)
+{
+    rdzv_close_out_t out;
+    rg_rdzv_assignment_t *prev = calloc(1, sizeof(*prev));
+    const char *expected[] = {"n0"};
+
+    prev->round = 5;
+    prev->restart_count = 0;
+    prev->excused_count = 2;
+    prev->n_members = 2;
+    snprintf(prev->members[0].agent, sizeof(prev->members[0].agent), "n0");
+    snprintf(prev->members[1].agent, sizeof(prev->members[1].agent), "n1");
+    node(0, 5, 0, 10);
+    rdzv_close_in_t in = input(1, 1, 2);
+    in.max_restarts = 0;
+    in.prev = prev;
+    in.expected = expected;   /* n1's node key is gone: it is not expected */
+    in.n_expected = 1;
+    in.prev_failed = true;
+    in.prev_lost = 1;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    ck_assert(out.excused);
+    ck_assert_int_eq(closed.restart_count, 0);
+    ck_assert_int_eq(closed.excused_count, 3);
+    ck_assert(!closed.job_failed);
+    ck_assert_int_eq(closed.n_members, 1);
+
+    /* The same failure with every member still there counts, and ends the job at 0. */
+    in.prev_lost = 0;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    ck_assert(!out.excused);
+    ck_assert_int_eq(closed.restart_count, 1);
+    ck_assert_int_eq(closed.excused_count, 2);
+    ck_assert(closed.job_failed);
+
+    /* A loss without a failure is a plain regroup: nothing to excuse. */
+    in.prev_failed = false;
+    in.prev_lost = 1;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    ck_assert(!out.excused);
+    ck_assert_int_eq(closed.restart_count, 0);
+    ck_assert_int_eq(closed.excused_count, 2);
+    free(prev);
+}
+END_TEST
+
+/* After a failure, a member of prev that is neither here nor lost (killed, its lease still
+ * running) is waited for up to the lease TTL beyond the last-call window; its loss then
+ * excuses the failure. Without a failure the window is the last call alone. */
+START_TEST(test_failure_waits_for_a_dying_member)
+{
+    rdzv_close_out_t out;
+    rg_rdzv_assignment_t *prev = calloc(1, sizeof(*prev));
+    const char *both[] = {"n0", "n1"};
+    const char *one[] = {"n0"};
+
+    prev->round = 5;
+    prev->n_members = 2;
+    snprintf(prev->members[0].agent, sizeof(prev->members[0].agent), "n0");
+    snprintf(prev->members[1].agent, sizeof(prev->members[1].agent), "n1");
+    node(0, 5, 0, 10);
+    rdzv_close_in_t in = input(1, 1, 2);
+    in.max_restarts = 0;
+    in.prev = prev;
+    in.expected = both;
+    in.n_expected = 2;
+    in.prev_failed = true;
+    in.lease_ttl_ms = 2000;
+    in.min_reached_ns = 4000 * MS;
+    in.now_ns = 5500 * MS;   /* past the last call (1 s), within it + the TTL */
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_WAIT);
+    ck_assert_uint_eq(out.wake_ns, (4000 + 1000 + 2000) * MS);
+    /* Without a failure the last call alone decides. */
+    in.prev_failed = false;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    /* n1's lease ended: no one is missing, the failure is its loss's. */
+    in.prev_failed = true;
+    in.expected = one;
+    in.n_expected = 1;
+    in.prev_lost = 1;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    ck_assert(out.excused && !closed.job_failed);
+    /* n1 never came nor went: after the longer window the failure counts. */
+    in.expected = both;
+    in.n_expected = 2;
+    in.prev_lost = 0;
+    in.now_ns = 7000 * MS;
+    ck_assert_int_eq(plan(&in, &out), RDZV_CLOSE_NOW);
+    ck_assert(!out.excused && closed.job_failed);
+    free(prev);
+}
+END_TEST
+
 static Suite *rdzv_close_suite(void)
 {
     Suite *s = suite_create("rdzv_close");
@@ -248,6 +342,8 @@ static Suite *rdzv_close_suite(void)
     tcase_add_test(tc, test_stable_rank_order);
     tcase_add_test(tc, test_ties);
     tcase_add_test(tc, test_restarts);
+    tcase_add_test(tc, test_failure_with_loss_excused);
+    tcase_add_test(tc, test_failure_waits_for_a_dying_member);
     suite_add_tcase(s, tc);
     return s;
 }

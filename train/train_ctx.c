@@ -4,6 +4,8 @@
  * size. Ranks agree on what they restore: rank 0 picks the newest committed step, every rank
  * tries it, and if any rank cannot read it, all fall back to an older one together.
  */
+#include "rdzv_fence.h"
+#include "rg_beat.h"
 #include "rdzv_keys.h"
 #include "rg_common.h"
 #include "rg_notice.h"
@@ -86,11 +88,17 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
     rg_log_set_identity(ctx->rank, ctx->round);
     st = rdzv_keys_init(&ctx->keys, ctx->job);
+    if (st == RG_OK) {
+        st = rdzv_fence_from_env(&ctx->fence, &ctx->keys);
+    }
     if (st != RG_OK) {
         goto err;
     }
 
     st = rg_notice_view_open(&ctx->notice);
+    if (st == RG_OK) {
+        st = rg_beat_worker_start(ctx->local_rank, &ctx->beat);
+    }
     if (st != RG_OK) {
         goto err;
     }
@@ -131,7 +139,10 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
                                .world_size = ctx->world, .staging_bytes = params->staging_bytes,
                                .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
                                .commit_timeout_ms = commit_ms,
-                               .attempt = (uint64_t)ctx->round + 1};
+                               .attempt = (uint64_t)ctx->round + 1,
+                               .fence_agent = ctx->fence.on ? ctx->fence.agent : NULL,
+                               .fence_lease = ctx->fence.lease,
+                               .fence_round = ctx->fence.round};
         st = rg_ckpt_create(&cp, &ctx->ckpt);
         if (st != RG_OK) {
             goto err;
@@ -189,6 +200,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
                     (long long)ctx->save_step);
             rg_comm_destroy(ctx->comm);
             rg_etcd_destroy(ctx->etcd);
+            rg_beat_worker_stop(ctx->beat);
             return;
         }
     }
@@ -197,6 +209,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     rg_comm_destroy(ctx->comm);
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);
+    rg_beat_worker_stop(ctx->beat);
     free(ctx);
 }
 
@@ -271,7 +284,12 @@ static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
         st = rdzv_rec_progress_encode(&p, val, sizeof(val));
     }
     if (st == RG_OK) {
-        st = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+        st = rdzv_fence_put(ctx->etcd, &ctx->fence, key, val, 0, 0, "the progress report");
+    }
+    if (st == RG_ELEASE) {
+        /* Fenced: this rank's round is over for the job; nothing it does counts. */
+        rg_error_log("%s", rg_last_error());
+        return st;
     }
     if (st != RG_OK) {
         /* Progress is informational: training goes on without it. */
@@ -359,7 +377,10 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
 
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
-        (void)publish_progress(ctx, report);
+        st = publish_progress(ctx, report);
+        if (st != RG_OK) {
+            return st;   /* fenced: no checkpoint of this round may start either */
+        }
     }
     /* Surface a background failure of the previous checkpoint at the next report. */
     if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {
@@ -584,7 +605,11 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
                     rs = rdzv_rec_restored_encode(&rec, val, sizeof(val));
                 }
                 if (rs == RG_OK) {
-                    rs = rg_etcd_put_str(ctx->etcd, key, val, 0, 0, NULL);
+                    rs = rdzv_fence_put(ctx->etcd, &ctx->fence, key, val, 0, 0,
+                                        "the restored record");
+                }
+                if (rs == RG_ELEASE) {
+                    return rs;   /* fenced: this round is no longer the job's */
                 }
                 if (rs != RG_OK) {
                     rg_warn("cannot record the restored step: %s", rg_last_error());

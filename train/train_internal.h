@@ -6,7 +6,9 @@
 #ifndef REGROUP_TRAIN_INTERNAL_H
 #define REGROUP_TRAIN_INTERNAL_H
 
+#include "rdzv_fence.h"
 #include "rdzv_keys.h"
+#include "rg_beat.h"
 #include "rg_common.h"
 #include "rg_notice.h"
 
@@ -22,6 +24,7 @@ struct rg_train_ctx {
     int              restart_count;
     char             job[128];
     rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
+    rdzv_fence_t     fence;          /* what every write to them is conditional on */
     char             ckpt_root[1024];
     rg_etcd_t       *etcd;
     rg_comm_t       *comm;
@@ -31,6 +34,7 @@ struct rg_train_ctx {
     bool             save_committed; /* save_step was found committed already (RG_EEXIST) */
     uint64_t         last_progress_ns;
     rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
+    rg_beat_worker_t *beat;          /* this worker's heartbeat to its agent, or NULL */
     rg_notice_t      agreed;         /* what the last rg_report agreed on */
     uint64_t         agreed_ns;      /* when */
 };

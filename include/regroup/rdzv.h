@@ -63,6 +63,9 @@ typedef struct {
     int              world_size;     /* total workers */
     int              rank_offset;    /* global rank of this node's local rank 0 */
     int              restart_count;  /* failure restarts so far */
+    int              excused_count;  /* worker failures not counted in restart_count: each
+                                        came with the loss of a member of its round (a lease
+                                        that expired or was revoked), which explains it */
     bool             job_failed;     /* restarts exceeded max_restarts: the job is over */
     bool             job_done;       /* every member of the last round finished: over */
     char             master_addr[RG_RDZV_ADDR_MAX];
@@ -90,6 +93,9 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
 void rg_rdzv_destroy(rg_rdzv_t *rdzv);
 /* This agent's id (host:pid:random), owned by the rendezvous. */
 const char *rg_rdzv_agent_id(const rg_rdzv_t *rdzv);
+/* The lease this agent's membership keys are attached to now (it changes when a lost lease
+ * is replaced at the next join); what its workers fence their writes with. */
+int64_t rg_rdzv_lease_id(const rg_rdzv_t *rdzv);
 /* The etcd client the rendezvous uses (for status and progress keys); owned by the
  * rendezvous, valid until rg_rdzv_destroy. */
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *rdzv);

@@ -52,9 +52,12 @@ typedef struct {
  * before a commit, default 120000): makes an etcd client, creates the round's communication
  * group (blocks until every rank of the round has called this, or RG_ETIMEDOUT after the
  * group's default create_timeout_ms of 30 s), and opens a checkpointer on the checkpoint
- * root (creating the directory, allocating staging_bytes). params may be NULL. RG_EINVAL
- * names a missing or malformed variable. On success the caller frees *ctx_p with
- * rg_train_finalize; on failure nothing is left to free.
+ * root (creating the directory, allocating staging_bytes). Under the launcher it also reads
+ * what its writes are fenced with (REGROUP_AGENT_ID, REGROUP_AGENT_LEASE: docs/etcd-keys.md)
+ * and starts a thread that beats its agent's heartbeat page (REGROUP_BEAT_FD) every 100 ms,
+ * by which the agent finds the worker hung once it stops running (hang_timeout). params may
+ * be NULL. RG_EINVAL names a missing or malformed variable. On success the caller frees
+ * *ctx_p with rg_train_finalize; on failure nothing is left to free.
  */
 rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_p)
     RG_TRAIN_NODISCARD;
@@ -104,8 +107,11 @@ typedef struct {
 /*
  * Publishes progress at /regroup/<job>/status/progress/<rank> (where `regroup status` shows
  * it): one etcd put, bounded by the client's default timeout (5 s), at most twice a second
- * without state, at every call with state; a failed put is only logged. The caller keeps
- * report and its metrics.
+ * without state, at every call with state; a failed put is only logged, except a fenced
+ * one: under the launcher every write of a worker (progress, the checkpoint commit and
+ * ckpt/latest, the restored record) is conditional in etcd on its agent still being a member
+ * of the worker's round, and a refused one returns RG_ELEASE ("fenced: ... round N"); the
+ * worker must stop. The caller keeps report and its metrics.
  *
  * With state (and a checkpoint root), also starts an asynchronous checkpoint of the state at
  * report->step: if the previous checkpoint is still being written it first waits for it

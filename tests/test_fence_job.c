@@ -1,0 +1,241 @@
+/*
+ * A member that lost its lease can do no harm, end to end, with rg-exact under two regroup
+ * agents (--nnodes=1:2 --nproc-per-node=2, lease_ttl=2) on a real etcd:
+ *  - one agent is stopped (SIGSTOP) past its lease TTL: the other regroups at world 2 and
+ *    finishes with the exact result; after SIGCONT the stopped node's writes are refused
+ *    (or its workers fenced themselves), and etcd's history of the job's keys holds no write
+ *    made for a round that was no longer the job's;
+ *  - one node is lost (its agent SIGKILLed, its workers with it) at --max-restarts=0: the
+ *    survivor's workers fail on the reset connections, that failure is the loss's doing, so
+ *    the job regroups at world 2 and finishes with the exact result;
+ *  - one node is preempted (SIGTERM) at --max-restarts=0: the same;
+ *  - a worker is stopped (SIGSTOP): its agent finds it hung by its heartbeat page and kills
+ *    it, and the job restarts and finishes with the exact result.
+ */
+#include "rdzv_fence.h"
+#include "rg_common.h"
+#include "test_util.h"
+
+#include <regroup/ckpt.h>
+#include <regroup/etcd.h>
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+static char ckpt[300];
+static test_etcd_t etcd;
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof(dir), "fencejob");
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("REGROUP_LOG_LEVEL", "info", 1);   /* the agents' rounds, in their logs */
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+}
+
+static void teardown(void)
+{
+    test_etcd_down(&etcd);
+    test_rmtree(dir);
+}
+
+static void log_path(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s.log", dir, name);
+}
+
+static bool log_has(const char *name, const char *text)
+{
+    char path[400];
+    log_path(name, path, sizeof(path));
+    return test_file_contains(path, text);
+}
+
+static size_t committed_steps(void)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(ckpt, &steps, &n) != RG_OK) {
+        return 0;
+    }
+    free(steps);
+    return n;
+}
+
+/* Two agents of job `id` with lease_ttl=2; extra is one more option (may be NULL). */
+static void start_pair(const char *id, const char *extra, pid_t *a, pid_t *b)
+{
+    char ep[600];
+    char rid[100];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    snprintf(rid, sizeof(rid), "--rdzv-id=%s", id);
+    char *argv[] = {REGROUP_BIN, ep, rid, "--nnodes=1:2", "--nproc-per-node=2",
+                    "--rdzv-conf=last_call_timeout=1,lease_ttl=2",
+                    extra ? (char *)extra : "--monitor-interval=0.1", RG_EXACT_BIN,
+                    "--epochs", "20", "--work", "100000", NULL};
+    log_path("a", path, sizeof(path));
+    *a = test_spawn(argv, path);
+    log_path("b", path, sizeof(path));
+    *b = test_spawn(argv, path);
+    /* Both in one round of world 4, with a checkpoint committed there. */
+    TEST_WAIT_UNTIL(log_has("a", "of 4,") && log_has("b", "of 4,"), 60000,
+                    "the agents did not run a round of world 4 together");
+    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+}
+
+/* etcd's history of the job's keys holds no write made for a round the job had left
+ * (rdzv_fence_audit); returns how many writes it checked. */
+static int check_no_stale_writes(const char *job)
+{
+    int stale = -1;
+    int checked = 0;
+    char first[512];
+    ck_assert_msg(rdzv_fence_audit(&etcd.params, job, &stale, &checked, first,
+                                   sizeof(first)) == RG_OK, "history: %s", rg_last_error());
+    ck_assert_msg(stale == 0, "%d stale writes accepted; the first: %s", stale, first);
+    return checked;
+}
+
+/* Up to max children of pid that run rg-exact (the workers of that agent, not its private
+ * etcd) into pids; how many. */
+static int workers_of(pid_t pid, pid_t *pids, int max)
+{
+    char path[96];
+    long c;
+    int found = 0;
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    for (int k = 0; f != NULL && k < 64 && found < max && fscanf(f, "%ld", &c) == 1; k++) {
+        char cmd[4096] = "";
+        snprintf(path, sizeof(path), "/proc/%ld/cmdline", c);
+        FILE *g = fopen(path, "r");
+        if (g != NULL) {
+            size_t n = fread(cmd, 1, sizeof(cmd) - 1, g);
+            cmd[n] = '\0';
+            fclose(g);
+        }
+        if (strstr(cmd, "rg-exact") != NULL) {
+            pids[found++] = (pid_t)c;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return found;
+}
+
+START_TEST(test_stopped_agent_is_fenced)
+{
+    pid_t a;
+    pid_t b;
+
+    start_pair("stopped", NULL, &a, &b);
+    ck_assert_int_eq(kill(b, SIGSTOP), 0);
+    /* Past its lease TTL the other agent regroups without it. */
+    TEST_WAIT_UNTIL(log_has("a", "ranks 0..1 of 2,"), 60000,
+                    "the running agent did not regroup at world 2");
+    ck_assert_int_eq(kill(b, SIGCONT), 0);
+    /* The resumed agent finds its membership gone: what it or its workers write for the
+     * old round is refused, or the workers stopped on their own view of its heartbeat. */
+    TEST_WAIT_UNTIL(log_has("b", "fenced: ") || log_has("b", "has not renewed its membership"),
+                    30000, "the stopped node went on as if it were a member");
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    (void)test_wait_exit(b, 180000);   /* it rejoins, or finds the job finished without it */
+    ck_assert_msg(log_has("a", "exact=1"), "the job did not end with the exact result");
+    ck_assert_int_gt(check_no_stale_writes("stopped"), 0);
+}
+END_TEST
+
+START_TEST(test_node_loss_not_counted)
+{
+    pid_t a;
+    pid_t b;
+
+    pid_t w[2];
+    start_pair("lost", "--max-restarts=0", &a, &b);
+    ck_assert_int_eq(workers_of(b, w, 2), 2);
+    /* The whole node at once: its agent, then its workers (they would die with it by
+     * PDEATHSIG; killing them too makes the others' workers fail at once, well before the
+     * lost agent's lease ends, which is the case to attribute). */
+    ck_assert_int_eq(kill(b, SIGKILL), 0);
+    kill(w[0], SIGKILL);
+    kill(w[1], SIGKILL);
+    ck_assert_int_eq(test_wait_exit(b, 10000), 128 + SIGKILL);
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world 2");
+    ck_assert_msg(log_has("a", "worker rank"), "the survivor's workers did not fail");
+    ck_assert_msg(log_has("a", "not counted"), "the failure was not attributed to the loss");
+    ck_assert_int_gt(check_no_stale_writes("lost"), 0);
+    /* `regroup status` says so too. */
+    char ep[600];
+    char path[400];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=lost", NULL};
+    log_path("status", path, sizeof(path));
+    ck_assert_int_eq(test_run(status_argv, path, 30000), 0);
+    ck_assert_msg(log_has("status", "not counted: 1 worker failure"),
+                  "regroup status does not say the failure was not counted");
+}
+END_TEST
+
+/* A preempted node (SIGTERM: its agent stops its workers and revokes its lease) at
+ * --max-restarts=0: whatever the survivor's workers do on the closed connections, the job
+ * goes on at world 2 and finishes exactly. */
+START_TEST(test_preemption_not_counted)
+{
+    pid_t a;
+    pid_t b;
+
+    start_pair("preempted", "--max-restarts=0", &a, &b);
+    ck_assert_int_eq(kill(b, SIGTERM), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
+    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world 2");
+    ck_assert_int_gt(check_no_stale_writes("preempted"), 0);
+}
+END_TEST
+
+START_TEST(test_stopped_worker_found_hung)
+{
+    char path[400];
+    log_path("job", path, sizeof(path));
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                    RG_EXACT_BIN, "--epochs", "20", "--work", "100000", NULL};
+    /* Far beyond the hang timeout: only the heartbeat can find the stopped worker. */
+    setenv("REGROUP_COMM_TIMEOUT_MS", "120000", 1);
+    pid_t pid = test_spawn(argv, path);
+    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+    pid_t w = -1;
+    TEST_WAIT_UNTIL(workers_of(pid, &w, 1) == 1, 10000, "no worker found");
+    ck_assert_int_eq(kill(w, SIGSTOP), 0);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    ck_assert_msg(log_has("job", "is hung: no heartbeat"), "the hang was not found");
+    ck_assert_msg(log_has("job", "exact=1"), "the job did not end with the exact result");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("fence_job");
+    TCase *tc = tcase_create("job");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_stopped_agent_is_fenced);
+    tcase_add_test(tc, test_node_loss_not_counted);
+    tcase_add_test(tc, test_preemption_not_counted);
+    tcase_add_test(tc, test_stopped_worker_found_hung);
+    suite_add_tcase(s, tc);
+    return test_main("test_fence_job", s, NULL);
+}
