@@ -13,6 +13,13 @@
  *   rg-exact --trainer N --ckpt-root DIR [...] runs itself on N local workers through
  *                                              rg_trainer_fit (no launcher needed)
  *
+ * In place (`regroup --recovery=in-place`): a collective that fails with RG_EPEER, or rg_report
+ * saying RG_EMEMBERS, makes every rank call rg_train_regroup with the state vector (replicated:
+ * every rank holds all of it) and the cursor; it goes on at the new world size from the step
+ * the members agreed on, with the state received from a survivor. A replacement worker joins
+ * the same way instead of reading a checkpoint. Rank 0 then prints "regrouped: ..." lines.
+ * --trainer-in-place makes --trainer run in place too.
+ *
  * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
  * "exact=1 digest=<hex> steps=<n>" when the result equals the vector computed directly, or
  * "exact=0 ..." and exit status 3 when it does not. --trace writes, per rank and round, one
@@ -51,6 +58,7 @@ typedef struct {
     const char *trace;
     const char *stop_file;
     bool        expect;
+    bool        trainer_in_place;
 } options_t;
 
 static uint64_t mix(uint64_t x)
@@ -104,6 +112,10 @@ static int parse(int argc, char **argv, options_t *o)
         const char *a = argv[i];
         if (strcmp(a, "--expect") == 0) {
             o->expect = true;
+            continue;
+        }
+        if (strcmp(a, "--trainer-in-place") == 0) {
+            o->trainer_in_place = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -167,6 +179,59 @@ static void expected(const options_t *o, int64_t epochs, int64_t *want)
     }
 }
 
+/* This rank's rows of the state and of the padding, for checkpoints (they follow the rank
+ * and the world size). */
+static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row0,
+                          uint32_t *rows, uint8_t **pad, uint32_t *pad0, uint32_t *pad_rows)
+{
+    rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, row0, rows);
+    if (o->pad_kb <= 0) {
+        return RG_OK;
+    }
+    rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, pad0,
+                     pad_rows);
+    free(*pad);
+    *pad = malloc(*pad_rows + 1);
+    if (*pad == NULL) {
+        return rg_error(RG_ENOMEM, "pad");
+    }
+    for (uint32_t i = 0; i < *pad_rows; i++) {
+        (*pad)[i] = (uint8_t)mix(*pad0 + i);
+    }
+    return RG_OK;
+}
+
+/* In place: every member brings its state (the vector after `step` steps, and the cursor)
+ * into the next round; they go on from the state the members agreed on. */
+static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
+                           rg_data_cursor_t *cur, int64_t step, const char *why)
+{
+    rg_train_buf_t buf = {.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
+    rg_train_regroup_t rs = {.step = step, .bufs = &buf, .n_bufs = 1, .cursor = *cur};
+    rg_status_t st = rg_train_regroup(ctx, &rs);
+    if (st != RG_OK) {
+        return st;
+    }
+    *cur = rs.cursor;
+    if (rs.rank == 0) {
+        printf("regrouped: %s; round %d world %d from step %lld, state from rank %d\n", why,
+               rs.round, rs.world, (long long)rs.step_out, rs.source);
+        fflush(stdout);
+    }
+    if (rs.received) {
+        fprintf(stderr, "rank %d: state of step %lld received from rank %d over the group\n",
+                rs.rank, (long long)rs.step_out, rs.source);
+    }
+    return RG_OK;
+}
+
+/* Whether a failed call is one to regroup on (in place only). */
+static bool regroup_on(const rg_train_ctx_t *ctx, rg_status_t st)
+{
+    return rg_train_in_place(ctx) &&
+           (st == RG_EPEER || st == RG_ETIMEDOUT || st == RG_EMEMBERS);
+}
+
 static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
 {
     int rank = rg_train_rank(ctx);
@@ -200,20 +265,21 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     /* This rank's rows of the state, for checkpoints and resharding. */
     uint32_t row0;
     uint32_t rows;
-    rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, &row0, &rows);
-    if (o->pad_kb > 0) {
-        rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, &pad0,
-                         &pad_rows);
-        pad = malloc(pad_rows + 1);
-        if (pad == NULL) {
-            st = rg_error(RG_ENOMEM, "pad");
+    if (rg_train_joining(ctx)) {
+        /* A replacement in an in-place job: the state comes from a survivor. */
+        st = regroup(ctx, o, state, &cur, 0, "a replacement joined");
+        if (st != RG_OK) {
             goto out;
         }
-        for (uint32_t i = 0; i < pad_rows; i++) {
-            pad[i] = (uint8_t)mix(pad0 + i);
-        }
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+        comm = rg_train_comm(ctx);
     }
-    if (rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
+    st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
+    if (st != RG_OK) {
+        goto out;
+    }
+    if (cur.epoch == 0 && cur.step == 0 && rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
         rg_ckpt_request_t rq[2] = {
             {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0, .row_count = rows,
              .dst = state + row0, .dst_bytes = rows * sizeof(int64_t)},
@@ -248,23 +314,31 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
         }
     }
-    if (o->trace != NULL) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/rank%d-round%d.txt", o->trace, rank,
-                 rg_train_round(ctx));
-        trace = fopen(path, "a");
-        if (trace == NULL) {
-            st = rg_error(RG_EIO, "cannot open %s", path);
-            goto out;
-        }
-    }
+    bool regrouped = true;   /* (re)open the trace, for this rank and round */
     while ((int64_t)cur.epoch < epochs) {
         int64_t gstep = (int64_t)(cur.epoch * per_epoch + cur.step);
         size_t n = 0;
+        if (regrouped && o->trace != NULL) {
+            char path[1024];
+            if (trace != NULL) {
+                fclose(trace);
+            }
+            snprintf(path, sizeof(path), "%s/rank%d-round%d.txt", o->trace, rank,
+                     rg_train_round(ctx));
+            trace = fopen(path, "a");
+            if (trace == NULL) {
+                st = rg_error(RG_EIO, "cannot open %s", path);
+                goto out;
+            }
+        }
+        regrouped = false;
         if (o->stop_file != NULL && cur.step == 0 && cur.epoch > 0) {
             /* At an epoch boundary: rank 0 decides whether the job ends here. */
             int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
             st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (regroup_on(ctx, st)) {
+                goto regroup_before;
+            }
             if (st != RG_OK) {
                 goto out;
             }
@@ -300,6 +374,9 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim, RG_DTYPE_I64,
                                RG_OP_SUM, NULL);
+        if (regroup_on(ctx, st)) {
+            goto regroup_before;
+        }
         if (st != RG_OK) {
             goto out;
         }
@@ -327,9 +404,31 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         rg_train_state_t s = {.tensors = t, .n_tensors = nt, .cursor = cur};
         bool save = done % o->ckpt_every == 0 && (int64_t)cur.epoch < epochs;
         st = rg_report(ctx, &rep, save ? &s : NULL);
+        if (regroup_on(ctx, st)) {
+            /* The step is done here: the state holds `done` steps. */
+            st = regroup(ctx, o, state, &cur, done,
+                         st == RG_EMEMBERS ? "the membership changes" : "a peer failed");
+            goto regrouped;
+        }
         if (st != RG_OK) {
             goto out;
         }
+        continue;
+    regroup_before:
+        /* The step failed before its update: the state holds gstep steps. */
+        st = regroup(ctx, o, state, &cur, gstep, "a peer failed");
+    regrouped:
+        if (st != RG_OK) {
+            goto out;
+        }
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+        comm = rg_train_comm(ctx);
+        st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
+        if (st != RG_OK) {
+            goto out;
+        }
+        regrouped = true;
     }
     if (rank == 0) {
         int64_t *want = malloc(sizeof(int64_t) * (size_t)o->dim);
@@ -378,7 +477,8 @@ int main(int argc, char **argv)
             return usage("--trainer needs --ckpt-root");
         }
         rg_scaling_config_t sc = {.num_workers = (int)o.trainer, .max_failures = 3,
-                                  .ckpt_root = o.trainer_ckpt, .argc = argc, .argv = argv};
+                                  .ckpt_root = o.trainer_ckpt, .in_place = o.trainer_in_place,
+                                  .argc = argc, .argv = argv};
         rg_status_t st = rg_trainer_fit(train_fn, &o, &sc);
         if (st != RG_OK) {
             fprintf(stderr, "rg-exact: %s\n", rg_last_error());
@@ -397,7 +497,8 @@ int main(int argc, char **argv)
         free(want);
         return 0;
     }
-    if (rg_train_init(NULL, &ctx) != RG_OK) {
+    rg_train_params_t tp = {.in_place = true};   /* it regroups when the launcher does */
+    if (rg_train_init(&tp, &ctx) != RG_OK) {
         fprintf(stderr, "rg-exact: %s\n", rg_last_error());
         return 1;
     }

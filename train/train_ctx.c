@@ -4,9 +4,7 @@
  * size. Ranks agree on what they restore: rank 0 picks the newest committed step, every rank
  * tries it, and if any rank cannot read it, all fall back to an older one together.
  */
-#include "rdzv_keys.h"
-#include "rg_common.h"
-#include "rg_notice.h"
+#include "train_internal.h"
 
 #include <regroup/etcd.h>
 #include <regroup/train.h>
@@ -20,29 +18,11 @@
 #define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
 #define RESTORE_TRIES      8
 
+static rg_status_t finish_save(rg_train_ctx_t *ctx);
+
 /* Every report rg_report accepts fits the progress record. */
 _Static_assert(RG_TRAIN_MAX_METRICS <= RDZV_PROGRESS_METRICS, "progress record metrics");
 
-struct rg_train_ctx {
-    int              rank;
-    int              world;
-    int              local_rank;
-    int              local_size;
-    int              round;
-    int              restart_count;
-    char             job[128];
-    rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
-    char             ckpt_root[1024];
-    rg_etcd_t       *etcd;
-    rg_comm_t       *comm;
-    rg_ckpt_t       *ckpt;
-    rg_ckpt_save_t  *save;           /* the checkpoint in flight, if any */
-    int64_t          save_step;
-    uint64_t         last_progress_ns;
-    rg_notice_view_t notice;         /* the agent's page; page NULL when not under regroup */
-    rg_notice_t      agreed;         /* what the last rg_report agreed on */
-    uint64_t         agreed_ns;      /* when */
-};
 
 _Static_assert(RG_NOTICE_PREEMPT == (int)RG_NOTICE_KIND_PREEMPT &&
                RG_NOTICE_MEMBERS == (int)RG_NOTICE_KIND_MEMBERS, "notice kinds");
@@ -127,9 +107,19 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
         }
         env->params.timeout_ms = ms;
     }
-    st = rg_comm_create(&env->params, &ctx->comm);
-    if (st != RG_OK) {
-        goto err;
+    ctx->comm_timeout_ms = env->params.timeout_ms;
+    /* In place: the agent keeps this worker through failures, and a replacement starts in no
+     * round (rg_train_regroup lets it in). */
+    const char *recovery = getenv("REGROUP_RECOVERY");
+    const char *join = getenv(RG_NOTICE_JOIN_ENV);
+    ctx->in_place = params->in_place && ctx->notice.page != NULL && recovery != NULL &&
+                    strcmp(recovery, "in-place") == 0;
+    ctx->joining = ctx->in_place && join != NULL && strcmp(join, "1") == 0;
+    if (!ctx->joining) {
+        st = rg_comm_create(&env->params, &ctx->comm);
+        if (st != RG_OK) {
+            goto err;
+        }
     }
     const char *root = params->ckpt_root ? params->ckpt_root : getenv("REGROUP_CKPT_DIR");
     if (root != NULL && root[0] != '\0') {
@@ -141,28 +131,51 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
             }
         }
         snprintf(ctx->ckpt_root, sizeof(ctx->ckpt_root), "%s", root);
-        int commit_ms = 0;
-        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &commit_ms);
+        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &ctx->commit_ms);
         if (st != RG_OK) {
             goto err;
         }
-        rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
-                               .world_size = ctx->world, .staging_bytes = params->staging_bytes,
-                               .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
-                               .commit_timeout_ms = commit_ms,
-                               .attempt = (uint64_t)ctx->round + 1};
-        st = rg_ckpt_create(&cp, &ctx->ckpt);
-        if (st != RG_OK) {
-            goto err;
+        ctx->keep_last = (unsigned)keep;
+        ctx->staging_bytes = params->staging_bytes;
+        if (!ctx->joining) {
+            st = train_ckpt_open(ctx);
+            if (st != RG_OK) {
+                goto err;
+            }
         }
     }
     free(env);
+    if (ctx->in_place && !rg_notice_msg_send(RG_NOTICE_MSG_INPLACE, ctx->local_rank)) {
+        rg_warn("cannot tell the agent that this worker regroups in place: the job will "
+                "recover by restarting");
+    }
+    if (ctx->joining) {
+        rg_info("a replacement: joins the running job in rg_train_regroup");
+    }
     *ctx_p = ctx;
     return RG_OK;
 err:
     free(env);
     rg_train_finalize(ctx);
     return st;
+}
+
+rg_status_t train_ckpt_open(rg_train_ctx_t *ctx)
+{
+    if (ctx->ckpt_root[0] == '\0') {
+        return RG_OK;
+    }
+    rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
+                           .world_size = ctx->world, .staging_bytes = ctx->staging_bytes,
+                           .keep_last = ctx->keep_last, .etcd = ctx->etcd, .job = ctx->job,
+                           .commit_timeout_ms = ctx->commit_ms,
+                           .attempt = (uint64_t)ctx->round + 1};
+    return rg_ckpt_create(&cp, &ctx->ckpt);
+}
+
+rg_status_t train_finish_save(rg_train_ctx_t *ctx)
+{
+    return finish_save(ctx);
 }
 
 /* Waits for the checkpoint in flight; returns its result. */
@@ -317,7 +330,10 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
     int64_t v[3] = {0, 0, INT64_MIN};   /* preempt, members, -(ms left) */
     rg_status_t st;
 
-    if (rg_notice_read(&ctx->notice, &snap) && snap.kind != RG_NOTICE_KIND_NONE) {
+    /* A membership notice is about the round its agent joins: once this worker regrouped
+     * into that round (or a later one), it is history. */
+    if (rg_notice_read(&ctx->notice, &snap) && snap.kind != RG_NOTICE_KIND_NONE &&
+        !(snap.kind == RG_NOTICE_KIND_MEMBERS && snap.round <= ctx->round)) {
         v[snap.kind == RG_NOTICE_KIND_PREEMPT ? 0 : 1] = 1;
         if (snap.deadline_ms > 0) {
             v[2] = -RG_MAX(snap.deadline_ms - rg_notice_now_ms(), 0);
@@ -434,6 +450,10 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     if (st != RG_OK) {
         return st;
     }
+    if (ctx->joining) {
+        return rg_error(RG_EINVAL, "rg_report: a replacement must join with rg_train_regroup "
+                        "first");
+    }
     st = report_step(ctx, report, state);
     if (ctx->notice.page == NULL) {
         return st;
@@ -457,6 +477,10 @@ rg_status_t rg_get_checkpoint(rg_train_ctx_t *ctx, int64_t *step_p)
 
     if (ctx == NULL || step_p == NULL) {
         return rg_error(RG_EINVAL, "rg_get_checkpoint: NULL argument");
+    }
+    if (ctx->joining) {
+        return rg_error(RG_EINVAL, "rg_get_checkpoint: a replacement joins the running job "
+                        "with rg_train_regroup (its state comes from a survivor)");
     }
     if (ctx->ckpt == NULL) {
         return rg_error(RG_ENOENT, "no checkpoint root configured");
