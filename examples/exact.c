@@ -24,7 +24,11 @@
  * "exact=1 digest=<hex> steps=<n>" when the result equals the vector computed directly, or
  * "exact=0 ..." and exit status 3 when it does not. --trace writes, per rank and round, one
  * line "round step epoch id" per sample consumed, for the exactly-once data check.
- * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt.
+ * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt (before
+ * the step's allreduce; --kill-in-allreduce: once its part of that allreduce is posted and
+ * progressed once); --kill-again STEP2 makes rank R of the second attempt (restart count 1)
+ * do the same at STEP2. Every rank says "rank R: pid P started (joining J)" and, at the end,
+ * "rank R: pid P finished".
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
@@ -52,6 +56,8 @@ typedef struct {
     int64_t     work;
     int64_t     kill_at;
     int64_t     kill_rank;
+    int64_t     kill_again;
+    bool        kill_in_allreduce;
     int64_t     pad_kb;
     int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
     const char *trainer_ckpt; /* the trainer's checkpoint root */
@@ -107,11 +113,15 @@ static int usage(const char *why)
 static int parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
-                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0};
+                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--expect") == 0) {
             o->expect = true;
+            continue;
+        }
+        if (strcmp(a, "--kill-in-allreduce") == 0) {
+            o->kill_in_allreduce = true;
             continue;
         }
         if (strcmp(a, "--trainer-in-place") == 0) {
@@ -141,6 +151,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->work, lo = 0, hi = 1 << 20;
         } else if (strcmp(a, "--kill-at") == 0) {
             dst = &o->kill_at;
+        } else if (strcmp(a, "--kill-again") == 0) {
+            dst = &o->kill_again;
         } else if (strcmp(a, "--kill-rank") == 0) {
             dst = &o->kill_rank, lo = 0, hi = 4096;
         } else if (strcmp(a, "--pad-kb") == 0) {
@@ -347,7 +359,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
                 break;
             }
         }
-        if (o->kill_at == gstep && o->kill_rank == rank && rg_train_restart_count(ctx) == 0) {
+        bool kill_now = o->kill_rank == rank &&
+                        ((o->kill_at == gstep && rg_train_restart_count(ctx) == 0) ||
+                         (o->kill_again == gstep && rg_train_restart_count(ctx) == 1));
+        if (kill_now && !o->kill_in_allreduce) {
             fprintf(stderr, "rank %d: killing myself at step %lld as asked\n", rank,
                     (long long)gstep);
             fflush(stderr);
@@ -371,6 +386,19 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (trace != NULL) {
             fflush(trace);
+        }
+        if (kill_now) {
+            /* In the middle of the step's allreduce: posted, progressed once. */
+            rg_comm_req_t *req = NULL;
+            st = rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim,
+                                        RG_DTYPE_I64, RG_OP_SUM, NULL, &req);
+            if (st == RG_OK && rg_comm_req_test(req) == RG_OK) {
+                fprintf(stderr, "rank %d: the allreduce completed before the kill\n", rank);
+            }
+            fprintf(stderr, "rank %d: killing myself in the allreduce of step %lld as asked\n",
+                    rank, (long long)gstep);
+            fflush(stderr);
+            raise(SIGKILL);
         }
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim, RG_DTYPE_I64,
                                RG_OP_SUM, NULL);
@@ -502,7 +530,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "rg-exact: %s\n", rg_last_error());
         return 1;
     }
+    fprintf(stderr, "rank %d: pid %d started (joining %d)\n", rg_train_rank(ctx), (int)getpid(),
+            rg_train_joining(ctx) ? 1 : 0);
     rg_status_t st = run(ctx, &o);
+    if (st == RG_OK) {
+        fprintf(stderr, "rank %d: pid %d finished\n", rg_train_rank(ctx), (int)getpid());
+    }
     if (st != RG_OK) {
         fprintf(stderr, "rg-exact rank %d: %s: %s\n", rg_train_rank(ctx), rg_status_name(st),
                 rg_last_error());

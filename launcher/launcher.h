@@ -296,6 +296,8 @@ typedef struct {
     int   pipe_w;                           /* the end every worker inherits */
     launcher_inplace_state_t state[LAUNCHER_MAX_NPROC];
     bool  capable[LAUNCHER_MAX_NPROC];      /* the worker said it regroups in place */
+    bool  joined[LAUNCHER_MAX_NPROC];       /* it is in the group of the round assigned */
+    uint64_t assigned_ns;                   /* when the page's assignment was written */
     bool  restart_asked;                    /* a worker said in-place recovery failed */
     bool  ready_seen;                       /* a replacement became ready */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
@@ -311,6 +313,11 @@ void        launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers
  * warning that the job recovers by restarting). */
 bool        launcher_inplace_capable(const launcher_inplace_t *ip, const launcher_workers_t *ws,
                                      char *why, size_t len);
+/* Whether every live member of the round assigned is in its group (or they had
+ * LAUNCHER_INPLACE_SETTLE_MS to get there): the agent opens no newer round before, so that no
+ * worker skips the round its peers are building. */
+#define LAUNCHER_INPLACE_SETTLE_MS 5000
+bool        launcher_inplace_settled(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 /* Workers that take part in the next round: live, and in the round or ready. */
 int         launcher_inplace_members(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 

@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define AGENT_MAX_FDS (2 + 2 * LAUNCHER_MAX_NPROC)
+#define AGENT_MAX_FDS (3 + 2 * LAUNCHER_MAX_NPROC)   /* signals, rendezvous, pipe */
 
 typedef enum {
     ROUND_SUCCEEDED,    /* every local worker exited 0 */
@@ -188,11 +188,12 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         rg_info("round %d: started %d workers (ranks %d..%d of %d, restart %d)", asg->round,
                 cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1,
                 asg->world_size, asg->restart_count);
-        if (ag->ip.enabled) {
+        if (ag->ip.enabled) {   /* (their first group is made in rg_train_init) */
             launcher_inplace_reset(&ag->ip, cfg->nproc);
             launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
         }
     }
+    const char *pending = NULL;   /* in place: a planned change waiting for the workers */
     for (;;) {
         struct pollfd pfd[AGENT_MAX_FDS];
         int n = 0;
@@ -284,16 +285,24 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                         asg->round, why[change]);
                 return inplace_restart(ag, "a node joins");
             }
-            if (ag->ip.enabled && (change == RG_RDZV_MEMBER_LOST ||
-                                   change == RG_RDZV_NEW_ROUND)) {
+            if (ag->ip.enabled && change == RG_RDZV_MEMBER_LOST) {
                 return inplace_change(ag, asg, why[change]);
             }
-            rg_info("round %d ends: %s", asg->round, why[change]);
-            launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
-            return ROUND_RESTART;
+            if (ag->ip.enabled && change == RG_RDZV_NEW_ROUND) {
+                pending = why[change];
+            } else {
+                rg_info("round %d ends: %s", asg->round, why[change]);
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                return ROUND_RESTART;
+            }
         }
-        if (ag->ip.enabled && ag->ip.ready_seen) {
-            return inplace_change(ag, asg, "a replacement worker is ready");
+        if (ag->ip.enabled && ag->ip.ready_seen && pending == NULL) {
+            pending = "a replacement worker is ready";
+        }
+        /* A planned change waits until this node's workers are in the round assigned, so
+         * that none skips the round its peers are building (bounded). */
+        if (pending != NULL && launcher_inplace_settled(&ag->ip, &ag->ws)) {
+            return inplace_change(ag, asg, pending);
         }
     }
 }

@@ -125,6 +125,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
     for (int i = 0; i < nproc && i < LAUNCHER_MAX_NPROC; i++) {
         ip->state[i] = INPLACE_IN_ROUND;
         ip->capable[i] = false;
+        ip->joined[i] = false;
     }
     ip->restart_asked = false;
     ip->ready_seen = false;
@@ -155,6 +156,9 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
             }
             if (msg == RG_NOTICE_MSG_INPLACE) {
                 ip->capable[lr] = true;
+                ip->joined[lr] = ip->state[lr] == INPLACE_IN_ROUND;   /* its first group */
+            } else if (msg == RG_NOTICE_MSG_JOINED) {
+                ip->joined[lr] = true;
             } else if (msg == RG_NOTICE_MSG_READY) {
                 if (ip->state[lr] == INPLACE_PENDING) {
                     rg_info("local rank %d (pid %d): the replacement is ready to join", lr,
@@ -185,6 +189,19 @@ bool launcher_inplace_capable(const launcher_inplace_t *ip, const launcher_worke
     return true;
 }
 
+bool launcher_inplace_settled(const launcher_inplace_t *ip, const launcher_workers_t *ws)
+{
+    if (rg_now_ns() - ip->assigned_ns > LAUNCHER_INPLACE_SETTLE_MS * 1000000ull) {
+        return true;
+    }
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].running && ip->state[i] == INPLACE_IN_ROUND && !ip->joined[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int launcher_inplace_members(const launcher_inplace_t *ip, const launcher_workers_t *ws)
 {
     int n = 0;
@@ -208,11 +225,13 @@ void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
         if (ws->w[i].running &&
             (ip->state[i] == INPLACE_IN_ROUND || ip->state[i] == INPLACE_READY)) {
             ip->state[i] = INPLACE_IN_ROUND;
+            ip->joined[i] = false;
             ranks[i] = asg->rank_offset + k++;
             ws->w[i].rank = ranks[i];
         }
     }
     ip->ready_seen = false;
+    ip->assigned_ns = rg_now_ns();
     rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n);
 }
 

@@ -29,7 +29,7 @@
 #include <time.h>
 
 #define REGROUP_TIMEOUT_MS  120000
-#define CREATE_ATTEMPT_MS   10000   /* one wire-up; then look for a newer round */
+#define CREATE_ATTEMPT_MS   3000    /* one wire-up; then look for a newer round */
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
 #define NEWER_WAIT_MS       1000    /* after a failed attempt: a newer round, or the same */
 #define HDR_WORDS           5       /* n_bufs, total bytes, cursor seed, epoch, step */
@@ -267,6 +267,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         }
         st = make_group(ctx, &a, deadline);
         if (st == RG_OK) {
+            (void)rg_notice_msg_send(RG_NOTICE_MSG_JOINED, ctx->local_rank);
             st = agree_state(ctx, rs, &my_step, &my_cursor);
         }
         if (st == RG_OK) {
@@ -295,6 +296,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         rg_warn("regroup into round %d failed (%s): waiting for the next round", a.round,
                 rg_last_error());
         min_round = a.round + 1;
+        st = RG_OK;
     }
     char msg[1024];
     snprintf(msg, sizeof(msg), "%s", rg_last_error());
