@@ -28,7 +28,8 @@
  * the step's allreduce; --kill-in-allreduce: once its part of that allreduce is posted and
  * progressed once); --kill-again STEP2 makes rank R of the second attempt (restart count 1)
  * do the same at STEP2. Every rank says "rank R: pid P started (joining J)" and, at the end,
- * "rank R: pid P finished".
+ * "rank R: pid P finished". --step-log FILE makes rank 0 append "STEP MS" for every step it
+ * completes (MS: CLOCK_REALTIME milliseconds), for bench/rg-bench-recovery.sh.
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
@@ -42,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXACT_MAX_DIM 4096
@@ -63,6 +65,7 @@ typedef struct {
     const char *trainer_ckpt; /* the trainer's checkpoint root */
     const char *trace;
     const char *stop_file;
+    const char *step_log;
     bool        expect;
     bool        trainer_in_place;
 } options_t;
@@ -162,6 +165,9 @@ static int parse(int argc, char **argv, options_t *o)
             continue;
         } else if (strcmp(a, "--stop-file") == 0) {
             o->stop_file = v;
+            continue;
+        } else if (strcmp(a, "--step-log") == 0) {
+            o->step_log = v;
             continue;
         } else if (strcmp(a, "--trainer") == 0) {
             dst = &o->trainer, lo = 1, hi = 256;
@@ -440,6 +446,16 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (st != RG_OK) {
             goto out;
+        }
+        if (o->step_log != NULL && rank == 0) {
+            FILE *sl = fopen(o->step_log, "a");
+            if (sl != NULL) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                fprintf(sl, "%lld %lld\n", (long long)done,
+                        (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+                fclose(sl);
+            }
         }
         continue;
     regroup_before:

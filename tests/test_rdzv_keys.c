@@ -60,6 +60,8 @@ START_TEST(test_keys_layout)
     ck_assert_str_eq(b, "/regroup/job-1/status/restored");
     CK_OK(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/ckpt/latest");
+    CK_OK(rdzv_keys_restart(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/restart");
 
     ck_assert_str_eq(rdzv_keys_tail("/regroup/job-1/waiting/a-1-00000000",
                                     "/regroup/job-1/waiting/"), "a-1-00000000");

@@ -259,8 +259,15 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
             if (st == RG_ETIMEDOUT && !rg_deadline_passed(deadline)) {
                 st = wait_assignment(ctx, min_round - 1, deadline, &a);
             }
+        } else if (!ctx->joining) {
+            /* A member's failure makes its agent (or, once its lease is gone, the others)
+             * open a round within about a lease TTL. None by then: a peer stopped answering
+             * without dying (nobody forms a round for that), so the job restarts. */
+            int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
+            rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(10000, 3 * ttl)));
+            st = wait_assignment(ctx, min_round, first, &a);
         } else {
-            st = wait_assignment(ctx, min_round, deadline, &a);
+            st = wait_assignment(ctx, min_round, deadline, &a);   /* until survivors let it in */
         }
         if (st != RG_OK) {
             break;

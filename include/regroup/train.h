@@ -240,7 +240,9 @@ typedef struct {
  * and world. Sharded state (a slice only one rank holds) is not carried: keep the state
  * replicated, or use restart mode.
  *
- * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all; a member that fails
+ * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
+ * max(10 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
+ * none, and the job restarts); a member that fails
  * during the regroup makes it start over (another round), within the same deadline. On
  * failure (no member holds a state, the deadline passed, the agent is gone: RG_ELEASE) it
  * asks its agent to restart the job from its last checkpoint and returns the error: the
