@@ -354,6 +354,7 @@ static rg_status_t agent_loop(agent_t *ag)
             }
             st = RG_OK;
         } else {
+            rg_rdzv_set_nproc(ag->rdzv, cfg->nproc);   /* fresh workers: all of them */
             st = rg_rdzv_join(ag->rdzv, ag->sigfd, asg);
         }
         if (st == RG_ECANCELED) {

@@ -105,13 +105,13 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     }
     if (z->p.in_place && restart_round >= r) {
         *change = RG_RDZV_FAILURE;   /* a restart request outranks the round it opened */
-    } else if (!z->p.in_place && t.results[1].u.range.count > 0) {
-        *change = RG_RDZV_FAILURE;
     } else if (round->n_kvs == 1 &&
         rdzv_rec_round_decode(round->kvs[0].value, round->kvs[0].value_len, &now_round) ==
             RG_OK &&
         now_round > r) {
         *change = RG_RDZV_NEW_ROUND;
+    } else if (!z->p.in_place && t.results[1].u.range.count > 0) {
+        *change = RG_RDZV_FAILURE;
     } else {
         for (int i = 0; i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
             const char *agent = z->cur.members[i].agent;

@@ -257,6 +257,20 @@ START_TEST(test_inplace_non_api_worker)
 }
 END_TEST
 
+/* rg_trainer_fit with rg_scaling_config_t.in_place: the same recovery from inside a program. */
+START_TEST(test_inplace_trainer_fit)
+{
+    char *argv[] = {RG_EXACT_BIN, "--trainer", "3", "--trainer-in-place", "--ckpt-root", ckpt,
+                    "--kill-at", "22", "--kill-rank", "1", "--work", "3000", NULL};
+    ck_assert_int_eq(test_wait_exit(spawn("trainer", argv), 120000), 0);
+    ck_assert(log_has("trainer", "killing myself at step 22"));
+    ck_assert(log_has("trainer", "regrouped: "));
+    ck_assert(!log_has("trainer", "resumed from step"));
+    ck_assert(log_has("trainer", "exact=1"));
+    check_pids("trainer", 3, 2);
+}
+END_TEST
+
 /* --print-config shows the choice and where it came from. */
 START_TEST(test_inplace_print_config)
 {
@@ -287,6 +301,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_node_loss);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
+    tcase_add_test(tc, test_inplace_trainer_fit);
     suite_add_tcase(s, tc);
     return test_main("test_inplace", s, NULL);
 }
