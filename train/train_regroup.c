@@ -264,7 +264,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
              * open a round within about a lease TTL. None by then: a peer stopped answering
              * without dying (nobody forms a round for that), so the job restarts. */
             int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
-            rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(10000, 3 * ttl)));
+            rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(3000, 3 * ttl)));
             st = wait_assignment(ctx, min_round, first, &a);
         } else {
             st = wait_assignment(ctx, min_round, deadline, &a);   /* until survivors let it in */

@@ -241,7 +241,7 @@ typedef struct {
  * replicated, or use restart mode.
  *
  * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
- * max(10 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
+ * max(3 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
  * none, and the job restarts); a member that fails
  * during the regroup makes it start over (another round), within the same deadline. On
  * failure (no member holds a state, the deadline passed, the agent is gone: RG_ELEASE) it
