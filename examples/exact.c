@@ -272,6 +272,8 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     if (ids == NULL) {
         return rg_error(RG_ENOMEM, "ids");
     }
+    fprintf(stderr, "rank %d: pid %d started (joining %d)\n", rank, (int)getpid(),
+            rg_train_joining(ctx) ? 1 : 0);
     st = rg_sampler_create(&sp, &sampler);
     if (st != RG_OK) {
         free(ids);
@@ -492,6 +494,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             st = rg_error(RG_ECORRUPT, "the final state differs from the expected one");
         }
     }
+    fprintf(stderr, "rank %d: pid %d finished\n", rank, (int)getpid());
 out:
     free(pad);
     if (trace != NULL) {
@@ -546,12 +549,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "rg-exact: %s\n", rg_last_error());
         return 1;
     }
-    fprintf(stderr, "rank %d: pid %d started (joining %d)\n", rg_train_rank(ctx), (int)getpid(),
-            rg_train_joining(ctx) ? 1 : 0);
     rg_status_t st = run(ctx, &o);
-    if (st == RG_OK) {
-        fprintf(stderr, "rank %d: pid %d finished\n", rg_train_rank(ctx), (int)getpid());
-    }
     if (st != RG_OK) {
         fprintf(stderr, "rg-exact rank %d: %s: %s\n", rg_train_rank(ctx), rg_status_name(st),
                 rg_last_error());

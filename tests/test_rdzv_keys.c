@@ -199,7 +199,7 @@ START_TEST(test_node_record)
 
     const char *bad[] = {
         "", "null", "[]", "{}", "not json",
-        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":0,\"port\":1,\"prev_round\":-1,"
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":-1,\"port\":1,\"prev_round\":-1,"
         "\"prev_rank\":-1}",
         "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":\"1\",\"port\":1,\"prev_round\":-1,"
         "\"prev_rank\":-1}",
