@@ -330,9 +330,10 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
             break;
         }
         if (rg_deadline_passed(deadline)) {
-            e->ip->error = rg_error(RG_ETIMEDOUT, "rendezvous: the next round of job %s did not close within "
-                     "the join timeout (%lld ms) while this node's workers waited in place",
-                     cfg->job, (long long)cfg->join_timeout_ms);
+            e->ip->error = rg_error(RG_ETIMEDOUT, "rendezvous: the next round of job %s did "
+                                    "not close within the join timeout (%lld ms) while this "
+                                    "node's workers waited in place", cfg->job,
+                                    (long long)cfg->join_timeout_ms);
             fprintf(stderr, "regroup: %s\n", rg_last_error());
             end = INPLACE_ERROR;
             break;

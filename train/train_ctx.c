@@ -216,6 +216,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
         }
     }
     (void)finish_save(ctx);
+    train_retired_reap(ctx, 1000);   /* earlier groups' checkpoints: bounded, then left */
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
     rg_etcd_destroy(ctx->etcd);
@@ -386,6 +387,9 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
         (void)publish_progress(ctx, report);
+    }
+    if (ctx->n_retired > 0) {
+        train_retired_reap(ctx, 0);   /* earlier groups' checkpoints that have ended */
     }
     /* Surface a background failure of the previous checkpoint at the next report. */
     if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {

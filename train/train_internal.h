@@ -12,6 +12,8 @@
 #include <regroup/etcd.h>
 #include <regroup/train.h>
 
+#define TRAIN_RETIRED_MAX 4   /* old checkpointers kept while their last save finishes */
+
 struct rg_train_ctx {
     int              rank;
     int              world;
@@ -39,11 +41,25 @@ struct rg_train_ctx {
     unsigned         keep_last;      /* the checkpointer's, for the one regroup makes */
     int              commit_ms;
     size_t           staging_bytes;
+    /* checkpoints in flight when the group changed: they finish (or fail, when they wait for
+     * a dead peer's shard: never committed, never visible) in the background with their
+     * old checkpointer, which is destroyed once they have */
+    struct {
+        rg_ckpt_t      *ckpt;
+        rg_ckpt_save_t *save;
+        int64_t         step;
+        bool            doomed;
+    } retired[TRAIN_RETIRED_MAX];
+    int              n_retired;
 };
 
 /* train_ctx.c: makes the checkpointer for the context's rank and world (none without a
  * checkpoint root). */
 rg_status_t train_ckpt_open(rg_train_ctx_t *ctx) RG_NODISCARD;
+/* train_regroup.c: releases the retired checkpoints that have ended (logging a failure);
+ * with wait_ms > 0, waits up to that long for the others first, then abandons them to the
+ * process's exit (their threads keep their memory). */
+void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms);
 /* train_ctx.c: waits for the checkpoint in flight; its result. */
 rg_status_t train_finish_save(rg_train_ctx_t *ctx);
 

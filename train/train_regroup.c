@@ -44,17 +44,58 @@ bool rg_train_joining(const rg_train_ctx_t *ctx)
     return ctx != NULL && ctx->joining;
 }
 
-/* Leaves the old group and its checkpointer. */
+void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms)
+{
+    rg_deadline_t until = rg_deadline_in_ms(wait_ms);
+    int k = 0;
+    for (int i = 0; i < ctx->n_retired; i++) {
+        rg_ckpt_save_t *save = ctx->retired[i].save;
+        if (wait_ms > 0 && !ctx->retired[i].doomed &&
+            rg_ckpt_save_wait(save, until) != RG_OK) {
+            rg_debug("waiting for the checkpoint of step %lld of an earlier group: %s",
+                     (long long)ctx->retired[i].step, rg_last_error());
+        }
+        rg_status_t st = rg_ckpt_save_status(save);
+        if (st == RG_INPROGRESS) {
+            if (wait_ms > 0) {
+                rg_warn("abandoning the checkpoint of step %lld of an earlier group: it never "
+                        "committed", (long long)ctx->retired[i].step);
+            } else {
+                ctx->retired[k++] = ctx->retired[i];
+            }
+            continue;   /* (abandoned: left to the process's exit, with its checkpointer) */
+        }
+        if (st != RG_OK) {
+            rg_info("the checkpoint of step %lld of an earlier group did not commit: %s",
+                    (long long)ctx->retired[i].step, rg_ckpt_save_error(save));
+        }
+        rg_ckpt_save_release(save);
+        rg_ckpt_destroy(ctx->retired[i].ckpt);
+    }
+    ctx->n_retired = k;
+}
+
+/* Leaves the old group and its checkpointer. A checkpoint still in flight is not waited
+ * for: with every rank alive it commits in the background, with its old checkpointer; one
+ * that waits for a dead peer's shard fails at its commit deadline, never visible. */
 static void leave_group(rg_train_ctx_t *ctx)
 {
-    bool healthy = ctx->comm != NULL && rg_comm_is_healthy(ctx->comm);
-    if (ctx->save != NULL) {
-        /* All alive: the checkpoint commits as usual. A dead peer's shard never comes: the
-         * commit would wait its deadline, so it is left to the process's exit (it is never
-         * committed, hence never visible), and so is its checkpointer. */
-        rg_status_t ws = rg_ckpt_save_wait(ctx->save, healthy ? RG_DEADLINE_DEFAULT
-                                                              : rg_deadline_in_ms(1000));
-        if (ws != RG_OK && rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
+    train_retired_reap(ctx, 0);
+    if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) == RG_INPROGRESS &&
+        ctx->n_retired < TRAIN_RETIRED_MAX) {
+        ctx->retired[ctx->n_retired].ckpt = ctx->ckpt;
+        ctx->retired[ctx->n_retired].save = ctx->save;
+        /* a peer died: the commit waits for a shard that never comes */
+        ctx->retired[ctx->n_retired].doomed = ctx->comm == NULL ||
+                                              !rg_comm_is_healthy(ctx->comm);
+        ctx->retired[ctx->n_retired++].step = ctx->save_step;
+        ctx->save = NULL;
+        ctx->ckpt = NULL;
+    } else if (ctx->save != NULL) {
+        /* Ended, or no room left: then wait, bounded as in rg_train_finalize. */
+        if (rg_ckpt_save_status(ctx->save) == RG_INPROGRESS &&
+            rg_ckpt_save_wait(ctx->save, rg_deadline_in_ms(1000)) != RG_OK &&
+            rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
             rg_warn("abandoning the checkpoint of step %lld in flight: the group changed",
                     (long long)ctx->save_step);
             ctx->save = NULL;
