@@ -5,8 +5,10 @@
  * its node joined, the world size and each local rank's global rank: launcher_inplace.c).
  * A regroup is:
  *
- *   1. leave the old group (after a peer failure it is unusable; a checkpoint in flight that
- *      waits for a dead peer's shard is abandoned: never committed, never visible);
+ *   1. leave the old group (after a peer failure it is unusable); a checkpoint in flight
+ *      is not waited for: it finishes in the background with its old checkpointer (kept in
+ *      ctx->retired, released once it ended), or fails at its commit deadline when it waits
+ *      for a dead peer's shard (never committed, never visible);
  *   2. wait for an assignment newer than this worker's round that includes it;
  *   3. build that round's group (its wire-up keys are the round's own);
  *   4. agree on the state: an allgather of every member's step; the newest wins, its lowest

@@ -229,8 +229,9 @@ typedef struct {
  * In place. Called by every member after a collective returned RG_EPEER (a peer died; the
  * group is unusable) or rg_report returned RG_EMEMBERS with RG_NOTICE_MEMBERS (a planned
  * change: a replacement is ready, a member was lost), and by a replacement (rg_train_joining)
- * once it is ready. Leaves the old group (abandoning a checkpoint in flight that waited for a
- * dead peer's shard), waits for the next round its agent joined (its page's assignment: the
+ * once it is ready. Leaves the old group without waiting for a checkpoint in flight (it
+ * commits in the background with the old group's checkpointer, or, waiting for a dead peer's
+ * shard, fails at its commit deadline and is never visible), waits for the next round its agent joined (its page's assignment: the
  * new rank and world size; survivors never wait for a replacement that is not ready: it joins
  * at a later step boundary), builds the new group, and agrees on the state: the members
  * exchange their steps, the newest wins (a survivor that finished the failed step's
