@@ -117,8 +117,11 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     if (sp->notice_fd >= 0) {
         env_add(e, RG_NOTICE_ENV, "%d", sp->notice_fd);
     }
+    /* Always said, so that a REGROUP_RECOVERY the agent was started with (an option's
+     * source) cannot tell a worker of a restart job that it recovers in place. */
+    env_add(e, "REGROUP_RECOVERY", "%s",
+            cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE ? "in-place" : "restart");
     if (cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
-        env_add(e, "REGROUP_RECOVERY", "in-place");
         if (sp->pipe_fd >= 0) {
             env_add(e, RG_NOTICE_PIPE_ENV, "%d", sp->pipe_fd);
         }
