@@ -5,7 +5,7 @@
  * SIGKILLed; the survivors keep their processes (their pids finish the job), nobody resumes
  * from a checkpoint, and no process is left behind. Losing a node below the minimum ends the
  * job with a clear error within the join timeout. A program that does not regroup in place
- * is recovered by restarting, with a warning.
+ * is recovered by restarting, with a warning. rg-fmnist and rg_trainer_fit recover in place.
  */
 #include "test_util.h"
 
@@ -271,6 +271,24 @@ START_TEST(test_inplace_trainer_fit)
 }
 END_TEST
 
+/* rg-fmnist in place: the survivors carry on at world 2, the replacement joins with the
+ * parameters and Adam state received from a survivor, and the model still learns. */
+START_TEST(test_inplace_fmnist)
+{
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=3", "--max-restarts=2",
+                    "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
+                    "100", "--kill-at", "300", "--kill-rank", "1", NULL};
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    ck_assert_int_eq(test_wait_exit(spawn("fmnist", argv), 240000), 0);
+    ck_assert(log_has("fmnist", "killing myself at step 300"));
+    ck_assert_msg(log_has("fmnist", "regrouped in place (a peer failed): round 1 world 2"),
+                  "the survivors did not carry on at world 2");
+    ck_assert(log_has("fmnist", "received from rank"));
+    ck_assert(!log_has("fmnist", "resumed from checkpoint"));
+    ck_assert(log_has("fmnist", "test_accuracy=0.8"));
+}
+END_TEST
+
 /* --print-config shows the choice and where it came from. */
 START_TEST(test_inplace_print_config)
 {
@@ -302,6 +320,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
     tcase_add_test(tc, test_inplace_trainer_fit);
+    tcase_add_test(tc, test_inplace_fmnist);
     suite_add_tcase(s, tc);
     return test_main("test_inplace", s, NULL);
 }
