@@ -199,7 +199,10 @@ static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=node", (char *)nnodes, "--nproc-per-node=2",
                     "--max-restarts=3", "--recovery=in-place",
-                    "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=4",
+                    /* a long last call: both nodes are in the first round, however late
+                     * the second one starts on a busy machine (a node that joins later is
+                     * taken by restarting) */
+                    "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8",
                     RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
     *a = spawn("a", argv);
     *b = spawn("b", argv);
@@ -229,7 +232,7 @@ START_TEST(test_inplace_below_min)
     pid_t a;
     pid_t b;
     two_nodes("--nnodes=2", &a, &b);
-    /* Bounded: the lease TTL, then the join timeout (4 s). */
+    /* Bounded: the lease TTL, then the join timeout (8 s). */
     ck_assert_int_eq(test_wait_exit(a, 60000), 1);
     ck_assert_msg(log_has("a", "did not close within the join timeout"),
                   "no clear failure when the job fell below its minimum");
