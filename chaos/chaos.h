@@ -64,6 +64,7 @@ typedef struct {
     const char *scenario;     /* "all" or one of chaos_fault_names */
     const char *report;       /* JSON report path, or NULL */
     bool        quick;
+    const char *recovery;     /* --recovery: "restart" (default) or "in-place" */
     const char *regroup;      /* the binaries (RG_CHAOS_REGROUP, _EXACT, _FMNIST) */
     const char *exact;
     const char *fmnist;

@@ -10,7 +10,7 @@ static int usage(const char *why)
             "rg-chaos: %s\n"
             "usage: chaos/run [--seed N] [--faults N | --duration 30m] [--nodes N]\n"
             "                 [--scenario NAME|all] [--workload exact|fmnist] [--report FILE]\n"
-            "                 [--quick]\n"
+            "                 [--quick] [--recovery restart|in-place]\n"
             "scenarios: all", why);
     for (int k = 0; k < F_COUNT; k++) {
         fprintf(stderr, " %s", chaos_fault_names[k]);
@@ -38,7 +38,8 @@ static double parse_duration(const char *s)
 
 int chaos_opts_parse(int argc, char **argv, chaos_opts_t *o)
 {
-    chaos_opts_t opt = {.seed = 1, .faults = 12, .nodes = 3, .scenario = "all"};
+    chaos_opts_t opt = {.seed = 1, .faults = 12, .nodes = 3, .scenario = "all",
+                        .recovery = "restart"};
     opt.regroup = getenv("RG_CHAOS_REGROUP");
     opt.exact = getenv("RG_CHAOS_EXACT");
     opt.fmnist = getenv("RG_CHAOS_FMNIST");
@@ -47,6 +48,13 @@ int chaos_opts_parse(int argc, char **argv, chaos_opts_t *o)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
             opt.quick = true;
+            continue;
+        }
+        if (strncmp(a, "--recovery=", 11) == 0) {
+            opt.recovery = a + 11;
+            if (strcmp(opt.recovery, "restart") != 0 && strcmp(opt.recovery, "in-place") != 0) {
+                return usage("--recovery is restart or in-place");
+            }
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -84,6 +92,11 @@ int chaos_opts_parse(int argc, char **argv, chaos_opts_t *o)
             if (!known) {
                 return usage("unknown scenario");
             }
+        } else if (strcmp(a, "--recovery") == 0) {
+            if (strcmp(v, "restart") != 0 && strcmp(v, "in-place") != 0) {
+                return usage("--recovery is restart or in-place");
+            }
+            opt.recovery = v;
         } else if (strcmp(a, "--report") == 0) {
             opt.report = v;
         } else if (strcmp(a, "--workload") == 0) {

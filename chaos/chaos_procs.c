@@ -102,6 +102,7 @@ void chaos_agent_start(chaos_t *c)
     char nn[64];
     char net[120];
     char addr[64];
+    char rec[64];
     char host[32] = "127.0.0.1";
     int i = 0;
     while (i < c->procs.n_slots && c->procs.alive[i]) {
@@ -122,10 +123,11 @@ void chaos_agent_start(chaos_t *c)
         chaos_net_node_addr(c->procs.id[i], host, sizeof(host));
     }
     snprintf(addr, sizeof(addr), "--local-addr=%s", host);
+    snprintf(rec, sizeof(rec), "--recovery=%s", opt->recovery);
     char *argv[32] = {"ip", "netns", "exec", net, (char *)opt->regroup, ep,
                       "--rdzv-id=" CHAOS_JOB_ID, nn, "--nproc-per-node=1", addr,
                       "--max-restarts=100000", "--grace-period=1",
-                      "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120"};
+                      "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120", rec};
     char *exact[] = {(char *)opt->exact, "--epochs", "1000000", "--stop-file",
                      c->run.stop_file, "--pad-kb", "4096", "--ckpt-every", "4", "--work",
                      "20000", "--dim", "64", NULL};
@@ -133,7 +135,7 @@ void chaos_agent_start(chaos_t *c)
                       "--schedule", "constant", "--ckpt-every", "20", "--log-every", "500",
                       NULL};
     char **work = opt->use_fmnist ? fmnist : exact;
-    int n = 13;
+    int n = 14;
     for (int k = 0; work[k] != NULL && n < 31; k++) {
         argv[n++] = work[k];
     }

@@ -45,8 +45,9 @@ static const char *tf(bool b)
 static void report_faults(const chaos_t *c, FILE *f)
 {
     const chaos_opts_t *opt = c->opt;
-    fprintf(f, "{\"seed\":%llu,\"scenario\":\"%s\",\"nodes\":%d,\"wall_s\":%.1f,\"faults\":[",
-            (unsigned long long)opt->seed, opt->scenario, opt->nodes, c->inv.wall_s);
+    fprintf(f, "{\"seed\":%llu,\"recovery\":\"%s\",\"scenario\":\"%s\",\"nodes\":%d,"
+            "\"wall_s\":%.1f,\"faults\":[", (unsigned long long)opt->seed, opt->recovery,
+            opt->scenario, opt->nodes, c->inv.wall_s);
     for (int i = 0; i < c->faults.n_recs; i++) {
         const chaos_fault_rec_t *r = &c->faults.rec[i];
         fprintf(f, "%s{\"kind\":\"%s\",\"target\":\"%s\",\"recovery_s\":%.4f,"

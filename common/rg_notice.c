@@ -47,6 +47,7 @@ rg_status_t rg_notice_host_create(rg_notice_host_t *h, int64_t lease_ttl_ms)
     h->page = p;   /* zero-filled by ftruncate */
     h->page->lease_ttl_ms = (uint32_t)lease_ttl_ms;
     h->page->version = RG_NOTICE_VERSION;
+    atomic_store_explicit(&h->page->asg_round, -1, memory_order_relaxed);
     rg_notice_heartbeat(h);
     atomic_thread_fence(memory_order_release);
     h->page->magic = RG_NOTICE_MAGIC;
@@ -91,6 +92,85 @@ void rg_notice_post(rg_notice_host_t *h, int kind, int round, int64_t deadline_m
     atomic_store_explicit(&p->deadline_ms, deadline_ms, memory_order_relaxed);
     snprintf(p->reason, sizeof(p->reason), "%s", reason != NULL ? reason : "");
     atomic_store_explicit(&p->seq, seq + 2, memory_order_release);
+}
+
+void rg_notice_assign(rg_notice_host_t *h, int round, int world, int restarts,
+                      const int *ranks, int n)
+{
+    rg_notice_page_t *p = h->page;
+    uint64_t seq;
+
+    if (p == NULL) {
+        return;
+    }
+    n = RG_MAX(0, RG_MIN(n, RG_NOTICE_MAX_LOCAL));
+    seq = atomic_load_explicit(&p->asg_seq, memory_order_relaxed);
+    atomic_store_explicit(&p->asg_seq, seq + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&p->asg_round, round, memory_order_relaxed);
+    atomic_store_explicit(&p->asg_world, world, memory_order_relaxed);
+    atomic_store_explicit(&p->asg_restarts, restarts, memory_order_relaxed);
+    atomic_store_explicit(&p->asg_n, n, memory_order_relaxed);
+    for (int i = 0; i < n; i++) {
+        atomic_store_explicit(&p->asg_rank[i], ranks[i], memory_order_relaxed);
+    }
+    atomic_store_explicit(&p->asg_seq, seq + 2, memory_order_release);
+}
+
+bool rg_notice_read_assign(const rg_notice_view_t *v, rg_notice_assign_t *a)
+{
+    rg_notice_page_t *p = (rg_notice_page_t *)v->page;   /* read-only mapping: loads only */
+
+    a->round = -1;
+    a->n = 0;
+    if (p == NULL) {
+        return false;
+    }
+    for (int t = 0; t < NOTICE_READ_TRIES; t++) {
+        uint64_t s1 = atomic_load_explicit(&p->asg_seq, memory_order_acquire);
+        if (s1 & 1) {
+            continue;
+        }
+        a->round = atomic_load_explicit(&p->asg_round, memory_order_relaxed);
+        a->world = atomic_load_explicit(&p->asg_world, memory_order_relaxed);
+        a->restarts = atomic_load_explicit(&p->asg_restarts, memory_order_relaxed);
+        a->n = RG_MAX(0, RG_MIN(atomic_load_explicit(&p->asg_n, memory_order_relaxed),
+                                RG_NOTICE_MAX_LOCAL));
+        for (int i = 0; i < a->n; i++) {
+            a->rank[i] = atomic_load_explicit(&p->asg_rank[i], memory_order_relaxed);
+        }
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&p->asg_seq, memory_order_relaxed) == s1) {
+            return a->round >= 0;
+        }
+    }
+    a->round = -1;
+    a->n = 0;
+    return false;
+}
+
+bool rg_notice_msg_send(rg_notice_msg_t msg, int local_rank)
+{
+    const char *s = getenv(RG_NOTICE_PIPE_ENV);
+    int64_t fd;
+    unsigned char buf[4] = {(unsigned char)msg, 0, (unsigned char)(local_rank & 0xff),
+                            (unsigned char)((local_rank >> 8) & 0xff)};
+
+    if (s == NULL || !rg_parse_i64(s, &fd) || fd < 0 || fd > 1 << 20 || local_rank < 0) {
+        return false;
+    }
+    return write((int)fd, buf, sizeof(buf)) == (ssize_t)sizeof(buf);
+}
+
+bool rg_notice_msg_decode(const unsigned char buf[4], rg_notice_msg_t *msg, int *local_rank)
+{
+    if ((buf[0] != RG_NOTICE_MSG_INPLACE && buf[0] != RG_NOTICE_MSG_READY &&
+         buf[0] != RG_NOTICE_MSG_RESTART && buf[0] != RG_NOTICE_MSG_JOINED) || buf[1] != 0) {
+        return false;
+    }
+    *msg = (rg_notice_msg_t)buf[0];
+    *local_rank = buf[2] | (buf[3] << 8);
+    return true;
 }
 
 rg_status_t rg_notice_view_open(rg_notice_view_t *v)

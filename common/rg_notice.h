@@ -28,8 +28,14 @@
 
 #define RG_NOTICE_ENV     "REGROUP_NOTICE_FD"
 #define RG_NOTICE_MAGIC   0x52474e54u   /* "RGNT" */
-#define RG_NOTICE_VERSION 1u
+#define RG_NOTICE_VERSION 2u
 #define RG_NOTICE_REASON_MAX 128
+#define RG_NOTICE_MAX_LOCAL  256          /* local ranks an assignment covers */
+/* In an in-place job (`--recovery=in-place`): the write end of the agent's pipe, which every
+ * worker inherits (the worker -> agent direction: see rg_notice_msg_send), and the variable
+ * that tells a replacement worker it is not in the round it was started in yet. */
+#define RG_NOTICE_PIPE_ENV   "REGROUP_AGENT_PIPE_FD"
+#define RG_NOTICE_JOIN_ENV   "REGROUP_INPLACE_JOIN"
 
 /* What the agent tells its workers. Also the public rg_notice_kind_t (<regroup/train.h>):
  * the values must stay equal. */
@@ -50,7 +56,26 @@ typedef struct {
     _Atomic int32_t  round;
     _Atomic int64_t  deadline_ms;      /* CLOCK_MONOTONIC ms; 0 = none */
     char             reason[RG_NOTICE_REASON_MAX];   /* NUL-terminated, for logs */
+    /* In an in-place job: the round the agent's node is in now and each local rank's global
+     * rank there (-1: not in it, a replacement that is not ready yet), written by the agent
+     * once the round closed, under its own seqlock (asg_seq). A worker that regroups waits
+     * here for a round newer than its own. */
+    _Atomic uint64_t asg_seq;
+    _Atomic int32_t  asg_round;          /* -1 before the first in-place assignment */
+    _Atomic int32_t  asg_world;
+    _Atomic int32_t  asg_restarts;
+    _Atomic int32_t  asg_n;              /* local ranks listed */
+    _Atomic int32_t  asg_rank[RG_NOTICE_MAX_LOCAL];
 } rg_notice_page_t;
+
+/* A consistent copy of the assignment. */
+typedef struct {
+    int round;                         /* -1: none yet */
+    int world;
+    int restarts;
+    int n;
+    int rank[RG_NOTICE_MAX_LOCAL];
+} rg_notice_assign_t;
 
 /* A consistent copy of the current notice. */
 typedef struct {
@@ -79,6 +104,11 @@ void        rg_notice_heartbeat(rg_notice_host_t *h);
 void        rg_notice_post(rg_notice_host_t *h, int kind, int round, int64_t deadline_ms,
                            const char *reason);
 
+/* In-place jobs: publishes the round this node is in and each local rank's global rank
+ * (ranks[0..n-1], -1 for a local rank not in the round). Never blocks. */
+void        rg_notice_assign(rg_notice_host_t *h, int round, int world, int restarts,
+                             const int *ranks, int n);
+
 /* ---- the worker's side ----------------------------------------------------------------- */
 
 typedef struct {
@@ -96,6 +126,26 @@ bool        rg_notice_read(const rg_notice_view_t *v, rg_notice_snap_t *snap);
  * without a page. */
 int64_t     rg_notice_heartbeat_age_ms(const rg_notice_view_t *v, int64_t now_ms);
 int64_t     rg_notice_lease_ttl_ms(const rg_notice_view_t *v);   /* 0 without a page */
+
+/* A consistent copy of the assignment; false (a->round -1) without a page or none yet. */
+bool        rg_notice_read_assign(const rg_notice_view_t *v, rg_notice_assign_t *a);
+
+/* ---- the worker -> agent pipe (in-place jobs) ------------------------------------------ */
+
+/* What a worker tells its agent, one 4-byte message (atomic on a pipe) each. */
+typedef enum {
+    RG_NOTICE_MSG_INPLACE = 'A',   /* this worker regroups in place (rg_train_regroup) */
+    RG_NOTICE_MSG_READY   = 'R',   /* a replacement is ready to join the running job */
+    RG_NOTICE_MSG_RESTART = 'X',   /* in-place recovery failed here: restart the job */
+    RG_NOTICE_MSG_JOINED  = 'J',   /* this worker is in the group of the page's round */
+} rg_notice_msg_t;
+
+/* Sends msg for local_rank on $REGROUP_AGENT_PIPE_FD (never blocks; false if there is no
+ * pipe or the write failed). */
+bool        rg_notice_msg_send(rg_notice_msg_t msg, int local_rank);
+/* Decodes one message read by the agent; false if buf is not one. */
+bool        rg_notice_msg_decode(const unsigned char buf[4], rg_notice_msg_t *msg,
+                                 int *local_rank);
 
 /* CLOCK_MONOTONIC in ms: the page's clock. */
 int64_t     rg_notice_now_ms(void);

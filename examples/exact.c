@@ -13,11 +13,23 @@
  *   rg-exact --trainer N --ckpt-root DIR [...] runs itself on N local workers through
  *                                              rg_trainer_fit (no launcher needed)
  *
+ * In place (`regroup --recovery=in-place`): a collective that fails with RG_EPEER, or rg_report
+ * saying RG_EMEMBERS, makes every rank call rg_train_regroup with the state vector (replicated:
+ * every rank holds all of it) and the cursor; it goes on at the new world size from the step
+ * the members agreed on, with the state received from a survivor. A replacement worker joins
+ * the same way instead of reading a checkpoint. Rank 0 then prints "regrouped: ..." lines.
+ * --trainer-in-place makes --trainer run in place too.
+ *
  * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
  * "exact=1 digest=<hex> steps=<n>" when the result equals the vector computed directly, or
  * "exact=0 ..." and exit status 3 when it does not. --trace writes, per rank and round, one
  * line "round step epoch id" per sample consumed, for the exactly-once data check.
- * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt.
+ * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt (before
+ * the step's allreduce; --kill-in-allreduce: once its part of that allreduce is posted and
+ * progressed once); --kill-again STEP2 makes rank R of the second attempt (restart count 1)
+ * do the same at STEP2. Every rank says "rank R: pid P started (joining J)" and, at the end,
+ * "rank R: pid P finished". --step-log FILE makes rank 0 append "STEP MS" for every step it
+ * completes (MS: CLOCK_REALTIME milliseconds), for bench/rg-bench-recovery.sh.
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
@@ -35,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXACT_MAX_DIM 4096
@@ -49,12 +62,16 @@ typedef struct {
     int64_t     work;
     int64_t     kill_at;
     int64_t     kill_rank;
+    int64_t     kill_again;
+    bool        kill_in_allreduce;
     int64_t     pad_kb;
     int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
     const char *trainer_ckpt; /* the trainer's checkpoint root */
     const char *trace;
     const char *stop_file;
+    const char *step_log;
     bool        expect;
+    bool        trainer_in_place;
 } options_t;
 
 static uint64_t mix(uint64_t x)
@@ -103,11 +120,19 @@ static int usage(const char *why)
 static int parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
-                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0};
+                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--expect") == 0) {
             o->expect = true;
+            continue;
+        }
+        if (strcmp(a, "--kill-in-allreduce") == 0) {
+            o->kill_in_allreduce = true;
+            continue;
+        }
+        if (strcmp(a, "--trainer-in-place") == 0) {
+            o->trainer_in_place = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -133,6 +158,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->work, lo = 0, hi = 1 << 20;
         } else if (strcmp(a, "--kill-at") == 0) {
             dst = &o->kill_at;
+        } else if (strcmp(a, "--kill-again") == 0) {
+            dst = &o->kill_again;
         } else if (strcmp(a, "--kill-rank") == 0) {
             dst = &o->kill_rank, lo = 0, hi = 4096;
         } else if (strcmp(a, "--pad-kb") == 0) {
@@ -142,6 +169,9 @@ static int parse(int argc, char **argv, options_t *o)
             continue;
         } else if (strcmp(a, "--stop-file") == 0) {
             o->stop_file = v;
+            continue;
+        } else if (strcmp(a, "--step-log") == 0) {
+            o->step_log = v;
             continue;
         } else if (strcmp(a, "--trainer") == 0) {
             dst = &o->trainer, lo = 1, hi = 256;
@@ -171,8 +201,10 @@ static void expected(const options_t *o, int64_t epochs, int64_t *want)
     }
 }
 
-/* After rg_report's RG_EMEMBERS: a preemption is the last checkpoint, and the end of this
- * process (*left); anything else stays an error. */
+/* After rg_report's RG_EMEMBERS: a preemption is the last checkpoint of the step every rank
+ * reached, then the end of this process (*left), unless this rank's node stays in an
+ * in-place job: then RG_EMEMBERS, to regroup without the node that left. Anything else stays
+ * RG_EMEMBERS (an error, or in place a regroup). */
 static rg_status_t on_notice(rg_train_ctx_t *ctx, const rg_report_t *rep,
                              const rg_train_state_t *s, bool *left)
 {
@@ -180,9 +212,13 @@ static rg_status_t on_notice(rg_train_ctx_t *ctx, const rg_report_t *rep,
     if (rg_train_notice(ctx, &n) != RG_OK || !(n.kinds & (1u << RG_NOTICE_PREEMPT))) {
         return RG_EMEMBERS;
     }
-    *left = true;
+    bool stays = rg_train_in_place(ctx) && !(n.own & (1u << RG_NOTICE_PREEMPT));
+    *left = !stays;
     rg_status_t st = rg_train_leave(ctx, rep, s);
-    if (rg_train_rank(ctx) == 0) {
+    if (rg_train_rank(ctx) == 0 && stays) {
+        printf("a node leaves at step %lld: last checkpoint %s; regrouping without it\n",
+               (long long)rep->step, st == RG_OK ? "committed" : rg_last_error());
+    } else if (rg_train_rank(ctx) == 0) {
         if (st == RG_OK) {
             printf("left at step %lld: checkpoint committed (%lld ms were left)\n",
                    (long long)rep->step, (long long)n.ms_left);
@@ -192,7 +228,60 @@ static rg_status_t on_notice(rg_train_ctx_t *ctx, const rg_report_t *rep,
         }
         fflush(stdout);
     }
-    return st;
+    return st == RG_OK && stays ? RG_EMEMBERS : st;
+}
+
+/* This rank's rows of the state and of the padding, for checkpoints (they follow the rank
+ * and the world size). */
+static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row0,
+                          uint32_t *rows, uint8_t **pad, uint32_t *pad0, uint32_t *pad_rows)
+{
+    rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, row0, rows);
+    if (o->pad_kb <= 0) {
+        return RG_OK;
+    }
+    rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, pad0,
+                     pad_rows);
+    free(*pad);
+    *pad = malloc(*pad_rows + 1);
+    if (*pad == NULL) {
+        return rg_error(RG_ENOMEM, "pad");
+    }
+    for (uint32_t i = 0; i < *pad_rows; i++) {
+        (*pad)[i] = (uint8_t)mix(*pad0 + i);
+    }
+    return RG_OK;
+}
+
+/* In place: every member brings its state (the vector after `step` steps, and the cursor)
+ * into the next round; they go on from the state the members agreed on. */
+static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
+                           rg_data_cursor_t *cur, int64_t step, const char *why)
+{
+    rg_train_buf_t buf = {.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
+    rg_train_regroup_t rs = {.step = step, .bufs = &buf, .n_bufs = 1, .cursor = *cur};
+    rg_status_t st = rg_train_regroup(ctx, &rs);
+    if (st != RG_OK) {
+        return st;
+    }
+    *cur = rs.cursor;
+    if (rs.rank == 0) {
+        printf("regrouped: %s; round %d world %d from step %lld, state from rank %d\n", why,
+               rs.round, rs.world, (long long)rs.step_out, rs.source);
+        fflush(stdout);
+    }
+    if (rs.received) {
+        fprintf(stderr, "rank %d: state of step %lld received from rank %d over the group\n",
+                rs.rank, (long long)rs.step_out, rs.source);
+    }
+    return RG_OK;
+}
+
+/* Whether a failed call is one to regroup on (in place only). */
+static bool regroup_on(const rg_train_ctx_t *ctx, rg_status_t st)
+{
+    return rg_train_in_place(ctx) &&
+           (st == RG_EPEER || st == RG_ETIMEDOUT || st == RG_EMEMBERS);
 }
 
 static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
@@ -218,6 +307,8 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     if (ids == NULL) {
         return rg_error(RG_ENOMEM, "ids");
     }
+    fprintf(stderr, "rank %d: pid %d started (joining %d)\n", rank, (int)getpid(),
+            rg_train_joining(ctx) ? 1 : 0);
     st = rg_sampler_create(&sp, &sampler);
     if (st != RG_OK) {
         free(ids);
@@ -229,20 +320,21 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     /* This rank's rows of the state, for checkpoints and resharding. */
     uint32_t row0;
     uint32_t rows;
-    rg_sampler_share((uint32_t)o->dim, (uint32_t)rank, (uint32_t)world, &row0, &rows);
-    if (o->pad_kb > 0) {
-        rg_sampler_share((uint32_t)(o->pad_kb * 1024), (uint32_t)rank, (uint32_t)world, &pad0,
-                         &pad_rows);
-        pad = malloc(pad_rows + 1);
-        if (pad == NULL) {
-            st = rg_error(RG_ENOMEM, "pad");
+    if (rg_train_joining(ctx)) {
+        /* A replacement in an in-place job: the state comes from a survivor. */
+        st = regroup(ctx, o, state, &cur, 0, "a replacement joined");
+        if (st != RG_OK) {
             goto out;
         }
-        for (uint32_t i = 0; i < pad_rows; i++) {
-            pad[i] = (uint8_t)mix(pad0 + i);
-        }
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+        comm = rg_train_comm(ctx);
     }
-    if (rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
+    st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
+    if (st != RG_OK) {
+        goto out;
+    }
+    if (cur.epoch == 0 && cur.step == 0 && rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
         rg_ckpt_request_t rq[2] = {
             {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0, .row_count = rows,
              .dst = state + row0, .dst_bytes = rows * sizeof(int64_t)},
@@ -277,23 +369,31 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
         }
     }
-    if (o->trace != NULL) {
-        char path[1024];
-        snprintf(path, sizeof(path), "%s/rank%d-round%d.txt", o->trace, rank,
-                 rg_train_round(ctx));
-        trace = fopen(path, "a");
-        if (trace == NULL) {
-            st = rg_error(RG_EIO, "cannot open %s", path);
-            goto out;
-        }
-    }
+    bool regrouped = true;   /* (re)open the trace, for this rank and round */
     while ((int64_t)cur.epoch < epochs) {
         int64_t gstep = (int64_t)(cur.epoch * per_epoch + cur.step);
         size_t n = 0;
+        if (regrouped && o->trace != NULL) {
+            char path[1024];
+            if (trace != NULL) {
+                fclose(trace);
+            }
+            snprintf(path, sizeof(path), "%s/rank%d-round%d.txt", o->trace, rank,
+                     rg_train_round(ctx));
+            trace = fopen(path, "a");
+            if (trace == NULL) {
+                st = rg_error(RG_EIO, "cannot open %s", path);
+                goto out;
+            }
+        }
+        regrouped = false;
         if (o->stop_file != NULL && cur.step == 0 && cur.epoch > 0) {
             /* At an epoch boundary: rank 0 decides whether the job ends here. */
             int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
             st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (regroup_on(ctx, st)) {
+                goto regroup_before;
+            }
             if (st != RG_OK) {
                 goto out;
             }
@@ -302,7 +402,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
                 break;
             }
         }
-        if (o->kill_at == gstep && o->kill_rank == rank && rg_train_restart_count(ctx) == 0) {
+        bool kill_now = o->kill_rank == rank &&
+                        ((o->kill_at == gstep && rg_train_restart_count(ctx) == 0) ||
+                         (o->kill_again == gstep && rg_train_restart_count(ctx) == 1));
+        if (kill_now && !o->kill_in_allreduce) {
             fprintf(stderr, "rank %d: killing myself at step %lld as asked\n", rank,
                     (long long)gstep);
             fflush(stderr);
@@ -327,8 +430,24 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         if (trace != NULL) {
             fflush(trace);
         }
+        if (kill_now) {
+            /* In the middle of the step's allreduce: posted, progressed once. */
+            rg_comm_req_t *req = NULL;
+            st = rg_comm_allreduce_post(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim,
+                                        RG_DTYPE_I64, RG_OP_SUM, NULL, &req);
+            if (st == RG_OK && rg_comm_req_test(req) == RG_OK) {
+                fprintf(stderr, "rank %d: the allreduce completed before the kill\n", rank);
+            }
+            fprintf(stderr, "rank %d: killing myself in the allreduce of step %lld as asked\n",
+                    rank, (long long)gstep);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, local, (size_t)o->dim, RG_DTYPE_I64,
                                RG_OP_SUM, NULL);
+        if (regroup_on(ctx, st)) {
+            goto regroup_before;
+        }
         if (st != RG_OK) {
             goto out;
         }
@@ -359,9 +478,41 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         if (st == RG_EMEMBERS) {
             st = on_notice(ctx, &rep, &s, &left);
         }
+        if (regroup_on(ctx, st)) {
+            /* The step is done here: the state holds `done` steps. */
+            st = regroup(ctx, o, state, &cur, done,
+                         st == RG_EMEMBERS ? "the membership changes" : "a peer failed");
+            goto regrouped;
+        }
         if (st != RG_OK || left) {
             goto out;
         }
+        if (o->step_log != NULL && rank == 0) {
+            FILE *sl = fopen(o->step_log, "a");
+            if (sl != NULL) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                fprintf(sl, "%lld %lld\n", (long long)done,
+                        (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+                fclose(sl);
+            }
+        }
+        continue;
+    regroup_before:
+        /* The step failed before its update: the state holds gstep steps. */
+        st = regroup(ctx, o, state, &cur, gstep, "a peer failed");
+    regrouped:
+        if (st != RG_OK) {
+            goto out;
+        }
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+        comm = rg_train_comm(ctx);
+        st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
+        if (st != RG_OK) {
+            goto out;
+        }
+        regrouped = true;
     }
     if (rank == 0) {
         int64_t *want = malloc(sizeof(int64_t) * (size_t)o->dim);
@@ -381,6 +532,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             st = rg_error(RG_ECORRUPT, "the final state differs from the expected one");
         }
     }
+    fprintf(stderr, "rank %d: pid %d finished\n", rank, (int)getpid());
 out:
     free(pad);
     if (trace != NULL) {
@@ -410,7 +562,8 @@ int main(int argc, char **argv)
             return usage("--trainer needs --ckpt-root");
         }
         rg_scaling_config_t sc = {.num_workers = (int)o.trainer, .max_failures = 3,
-                                  .ckpt_root = o.trainer_ckpt, .argc = argc, .argv = argv};
+                                  .ckpt_root = o.trainer_ckpt, .in_place = o.trainer_in_place,
+                                  .argc = argc, .argv = argv};
         rg_status_t st = rg_trainer_fit(train_fn, &o, &sc);
         if (st != RG_OK) {
             fprintf(stderr, "rg-exact: %s\n", rg_last_error());
@@ -429,7 +582,8 @@ int main(int argc, char **argv)
         free(want);
         return 0;
     }
-    if (rg_train_init(NULL, &ctx) != RG_OK) {
+    rg_train_params_t tp = {.in_place = true};   /* it regroups when the launcher does */
+    if (rg_train_init(&tp, &ctx) != RG_OK) {
         fprintf(stderr, "rg-exact: %s\n", rg_last_error());
         return 1;
     }

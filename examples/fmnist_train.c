@@ -16,7 +16,15 @@
  * PATH exists (rank 0 decides, every rank follows), as the chaos suite does. On a preemption
  * notice (a node leaves: rg_report's RG_EMEMBERS with RG_NOTICE_PREEMPT) every rank takes the
  * last checkpoint of the step it reached (rg_train_leave), prints "left at step N: ..." on
- * rank 0 and exits (0 when it landed); the job resumes from that step.
+ * rank 0 and exits (0 when it landed); the job resumes from that step. In place, only the
+ * ranks of the node that leaves exit; the others regroup without it after that checkpoint.
+ *
+ * In place (`regroup --recovery=in-place`): a collective that fails with RG_EPEER, or rg_report
+ * saying RG_EMEMBERS, makes every rank call rg_train_regroup with the parameters, the Adam
+ * moments and step count (replicated: every rank holds all of them) and the data cursor; the
+ * survivors go on at once at the new world size, and a replacement joins at a later step
+ * with the state received from a survivor over the group, not from disk. Rank 0 prints
+ * "regrouped in place: ..." each time.
  */
 #include "fmnist_adam.h"
 #include "fmnist_mlp.h"
@@ -108,6 +116,42 @@ static rg_status_t resume(trainer_t *t, rg_data_cursor_t *cur, bool *resumed)
     return RG_OK;
 }
 
+/* In place: brings this rank's state (after `step` steps; the data from *cur on) into the
+ * next round; the members go on from the state they agree on. */
+static rg_status_t regroup(trainer_t *t, int64_t step, rg_data_cursor_t *cur, const char *why)
+{
+    float *m = fmnist_adam_state(t->adam);
+    int64_t adam_steps = (int64_t)fmnist_adam_steps(t->adam);
+    rg_train_buf_t bufs[3] = {{fmnist_mlp_params(t->model), t->n * sizeof(float)},
+                              {m, 2 * t->n * sizeof(float)},
+                              {&adam_steps, sizeof(adam_steps)}};
+    rg_train_regroup_t rs = {.step = step, .bufs = bufs, .n_bufs = 3, .cursor = *cur};
+    rg_status_t st = rg_train_regroup(t->ctx, &rs);
+    if (st != RG_OK) {
+        return st;
+    }
+    fmnist_adam_set_steps(t->adam, (uint64_t)adam_steps);
+    *cur = rs.cursor;
+    rg_sampler_share((uint32_t)t->n, (uint32_t)rs.rank, (uint32_t)rs.world, &t->row0,
+                     &t->rows);
+    if (rs.rank == 0) {
+        printf("regrouped in place (%s): round %d world %d, step %lld, state from rank %d\n",
+               why, rs.round, rs.world, (long long)rs.step_out, rs.source);
+        fflush(stdout);
+    }
+    if (rs.received) {
+        fprintf(stderr, "rank %d: state of step %lld received from rank %d over the group "
+                "(not from disk)\n", rs.rank, (long long)rs.step_out, rs.source);
+    }
+    return RG_OK;
+}
+
+/* Whether a failed call is one to regroup on (in place only). */
+static bool regroup_on(const rg_train_ctx_t *ctx, rg_status_t st)
+{
+    return rg_train_in_place(ctx) && (st == RG_EPEER || st == RG_ETIMEDOUT || st == RG_EMEMBERS);
+}
+
 static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_dataset_t *train_ds,
                          const rg_dataset_t *test_ds)
 {
@@ -120,7 +164,15 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
     rg_status_t st;
 
     rg_data_cursor_t cur = rg_data_cursor_start((uint64_t)o->seed);
-    st = resume(t, &cur, &resumed);
+    if (rg_train_joining(ctx)) {
+        /* A replacement in an in-place job: the state comes from a survivor. */
+        st = regroup(t, 0, &cur, "a replacement joined");
+        comm = rg_train_comm(ctx);
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+    } else {
+        st = resume(t, &cur, &resumed);
+    }
     if (st != RG_OK) {
         return st;
     }
@@ -143,6 +195,8 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
     for (;;) {
         const rg_batch_t *b;
         uint64_t t0 = rg_now_ns();
+        int64_t at = -1;              /* in place: regroup with the state after `at` steps */
+        rg_data_cursor_t at_cur;
         st = rg_loader_next(loader, rg_deadline_in_ms(60000), &b);
         if (st != RG_OK || b->cursor.epoch >= (uint64_t)o->epochs) {
             break;
@@ -164,6 +218,11 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
         uint64_t t1 = rg_now_ns();
         st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, fmnist_mlp_grads(t->model), t->n,
                                RG_DTYPE_F32, RG_OP_SUM, NULL);
+        if (regroup_on(ctx, st)) {
+            at = (int64_t)gstep;   /* not applied: the state holds gstep steps */
+            at_cur = b->cursor;
+            goto regroup_now;
+        }
         if (st != RG_OK) {
             break;
         }
@@ -194,10 +253,14 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
                            .metrics = metrics, .n_metrics = 1};
         st = rg_report(ctx, &rep, save ? &state : NULL);
         rg_notice_t notice;
+        at = (int64_t)done;
+        at_cur = b->next;
         if (st == RG_EMEMBERS && rg_train_notice(ctx, &notice) == RG_OK &&
             (notice.kinds & (1u << RG_NOTICE_PREEMPT))) {
             /* A node leaves: the last checkpoint of this step (every rank is at it), then
-             * exit; a restart resumes here. */
+             * exit (a restart resumes here), or in place, on a node that stays, regroup
+             * without the one that left. */
+            bool stays = rg_train_in_place(ctx) && !(notice.own & (1u << RG_NOTICE_PREEMPT));
             if (!save) {
                 state_tensors(t, tensors, &n_tensors);
                 state.n_tensors = n_tensors;
@@ -205,16 +268,24 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
             st = rg_train_leave(ctx, &rep, &state);
             if (rank == 0) {
                 if (st == RG_OK) {
-                    printf("left at step %llu: checkpoint committed\n",
-                           (unsigned long long)done);
+                    printf("%s step %llu: checkpoint committed\n",
+                           stays ? "a node leaves at" : "left at", (unsigned long long)done);
                 } else {
-                    printf("left at step %llu: no last checkpoint: %s\n",
-                           (unsigned long long)done, rg_last_error());
+                    printf("%s step %llu: no last checkpoint: %s\n",
+                           stays ? "a node leaves at" : "left at", (unsigned long long)done,
+                           rg_last_error());
                 }
                 fflush(stdout);
             }
+            if (st == RG_OK && stays) {
+                st = RG_EMEMBERS;
+                goto regroup_now;
+            }
             rg_loader_destroy(loader);
             return st;
+        }
+        if (regroup_on(ctx, st)) {
+            goto regroup_now;
         }
         if (st != RG_OK) {
             break;
@@ -229,6 +300,9 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
             /* The loss over every rank's samples of the window. */
             st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, win_loss, 2, RG_DTYPE_F64, RG_OP_SUM,
                                    NULL);
+            if (regroup_on(ctx, st)) {
+                goto regroup_now;
+            }
             if (st != RG_OK) {
                 break;
             }
@@ -258,9 +332,32 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
             /* At an epoch boundary: rank 0 decides whether the job ends here. */
             int64_t stop = rank == 0 && access(o->stop_file, F_OK) == 0 ? 1 : 0;
             st = rg_comm_broadcast(comm, &stop, 1, RG_DTYPE_I64, 0, NULL);
+            if (regroup_on(ctx, st)) {
+                goto regroup_now;
+            }
             if (st != RG_OK || stop) {
                 break;
             }
+        }
+        continue;
+    regroup_now:
+        /* The loader reads this rank's share at the old world size: a new one for the new. */
+        rg_loader_destroy(loader);
+        loader = NULL;
+        st = regroup(t, at, &at_cur, st == RG_EMEMBERS ? "the membership changes"
+                                                       : "a peer failed");
+        if (st != RG_OK) {
+            break;
+        }
+        comm = rg_train_comm(ctx);
+        rank = rg_train_rank(ctx);
+        world = rg_train_world_size(ctx);
+        win_loss[0] = win_loss[1] = 0;
+        win_samples = 0;
+        win_ns = 0;
+        st = rg_loader_create(train_ds, &sp, (uint32_t)rank, (uint32_t)world, &at_cur, &loader);
+        if (st != RG_OK) {
+            break;
         }
     }
     rg_loader_destroy(loader);
@@ -296,7 +393,8 @@ int main(int argc, char **argv)
     if (rc != 0) {
         return rc;
     }
-    st = rg_train_init(NULL, &t.ctx);
+    rg_train_params_t tp = {.in_place = true};   /* it regroups when the launcher does */
+    st = rg_train_init(&tp, &t.ctx);
     if (st == RG_OK) {
         st = fmnist_open_split(o.data_dir, "train", &train_ds);
     }

@@ -20,6 +20,8 @@
  * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters.
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
+ * launcher_inplace.c --recovery=in-place: the workers' pipe, replacing one worker, and
+ *                    joining the next round while the workers live.
  * launcher_c10d.c    --rdzv-backend=c10d: serving the rendezvous from the endpoint's host.
  * launcher_slurm.c   under srun: defaults from the Slurm job step's environment.
  * launcher_notice.c  preemption notices (the clouds' metadata, SIGTERM): a node that leaves on
@@ -34,6 +36,8 @@
 
 #include <regroup/rdzv.h>
 
+#include "rg_notice.h"
+
 #include <sched.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -45,6 +49,7 @@
 typedef enum {
     RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
     RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
+    RG_AGENT_RECOVERY,
     RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
     RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
     RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
@@ -76,6 +81,14 @@ typedef enum {
     RG_AGENT_NOTICE_AZURE,          /* Azure Scheduled Events: Preempt, Terminate */
     RG_AGENT_NOTICE_AUTO,           /* the first of those that answers */
 } rg_agent_notice_t;
+/* --recovery: how the job recovers from a failure or a membership change. */
+typedef enum {
+    RG_AGENT_RECOVERY_RESTART,      /* stop every worker, start fresh ones from the last
+                                     * checkpoint (any program; the default) */
+    RG_AGENT_RECOVERY_IN_PLACE,     /* keep the survivors; replace only a dead worker; the
+                                     * workers regroup with rg_train_regroup (programs on
+                                     * libregroup's worker API that say they do) */
+} rg_agent_recovery_t;
 
 #define RG_AGENT_C10D_PORT 29400    /* torchrun's default port of a c10d endpoint */
 
@@ -99,6 +112,7 @@ typedef struct {
     char        key[512];
     /* agent */
     int         max_restarts;       /* worker failures tolerated, 0..1000000 */
+    rg_agent_recovery_t recovery;   /* restart (default) or in-place */
     int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
     int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
     int64_t     hang_ms;            /* a worker of the worker API whose heartbeat (rg_beat.h)
@@ -263,6 +277,9 @@ typedef struct {
     int64_t                     lease;        /* membership: $REGROUP_AGENT_ID and
                                                  $REGROUP_AGENT_LEASE, what the workers fence
                                                  their writes with (rdzv_fence.h); NULL: none */
+    int                         pipe_fd;      /* in place: the write end of the agent's pipe,
+                                                 $REGROUP_AGENT_PIPE_FD; -1: none */
+    bool                        join;         /* a replacement: $REGROUP_INPLACE_JOIN=1 */
 } launcher_spawn_t;
 
 /* Hang detection (launcher_hang.c): the tick the agent needs to find a hang in time, and
@@ -274,6 +291,9 @@ int     launcher_hang_check(launcher_workers_t *ws, const rg_beat_host_t *beat,
 
 rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                    const sigset_t *child_mask);
+/* Starts worker i again (a replacement, in place), with sp's round in its environment. */
+rg_status_t launcher_workers_respawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                     const sigset_t *child_mask, int i);
 /* Reaps exited workers. Sets *failed to the index of the first worker that failed (or -1),
  * and returns the number still running. */
 int  launcher_workers_reap(launcher_workers_t *ws, int *failed);
@@ -288,6 +308,74 @@ void launcher_workers_drain(launcher_workers_t *ws, int i, const rg_agent_params
 /* Fills a failure record for worker i (error file and stderr tail). */
 void launcher_workers_failure(launcher_workers_t *ws, int i, rg_rdzv_failure_t *f,
                               char *err_buf, size_t err_len, char *tail_buf, size_t tail_len);
+
+/* ---- in-place recovery (launcher_inplace.c) --------------------------------------------- */
+
+/* What an in-place agent knows about each of its workers. */
+typedef enum {
+    INPLACE_IN_ROUND,       /* a member of the running round */
+    INPLACE_PENDING,        /* a replacement that is starting (not in any round yet) */
+    INPLACE_READY,          /* a replacement that said it is ready: in the next round */
+    INPLACE_EXITED,         /* exited 0 */
+} launcher_inplace_state_t;
+
+typedef struct {
+    bool  enabled;                          /* --recovery=in-place */
+    int   pipe_r;                           /* the agent's end of the workers' pipe */
+    int   pipe_w;                           /* the end every worker inherits */
+    launcher_inplace_state_t state[LAUNCHER_MAX_NPROC];
+    bool  capable[LAUNCHER_MAX_NPROC];      /* the worker said it regroups in place */
+    bool  joined[LAUNCHER_MAX_NPROC];       /* it is in the group of the round assigned */
+    uint64_t assigned_ns;                   /* when the page's assignment was written */
+    bool  restart_asked;                    /* a worker said in-place recovery failed */
+    bool  ready_seen;                       /* a replacement became ready */
+    rg_status_t error;                      /* why launcher_inplace_rejoin failed */
+} launcher_inplace_t;
+
+rg_status_t launcher_inplace_open(launcher_inplace_t *ip, const rg_agent_params_t *cfg);
+void        launcher_inplace_close(launcher_inplace_t *ip);
+/* A fresh set of workers started: every one is in the round, none has said anything. */
+void        launcher_inplace_reset(launcher_inplace_t *ip, int nproc);
+/* Reads the workers' messages (non-blocking). */
+void        launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws);
+/* Whether every live worker of this node said it regroups in place (else: why, for the
+ * warning that the job recovers by restarting). */
+bool        launcher_inplace_capable(const launcher_inplace_t *ip, const launcher_workers_t *ws,
+                                     char *why, size_t len);
+/* Whether every live member of the round assigned is in its group (or they had
+ * LAUNCHER_INPLACE_SETTLE_MS to get there): the agent opens no newer round before, so that no
+ * worker skips the round its peers are building. */
+#define LAUNCHER_INPLACE_SETTLE_MS 5000
+bool        launcher_inplace_settled(const launcher_inplace_t *ip, const launcher_workers_t *ws);
+/* Workers that take part in the next round: live, and in the round or ready. */
+int         launcher_inplace_members(const launcher_inplace_t *ip, const launcher_workers_t *ws);
+
+/* Puts this node's ranks in asg (a round it joined in place) into the page and the worker
+ * table: ready replacements become members. */
+void        launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
+                                    rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg);
+
+typedef struct {
+    const rg_agent_params_t *cfg;
+    rg_rdzv_t               *rdzv;
+    int                      sigfd;
+    launcher_workers_t      *ws;
+    rg_notice_host_t        *notice;
+    launcher_inplace_t      *ip;
+} launcher_inplace_env_t;
+
+typedef enum {
+    INPLACE_JOINED,         /* *asg is the round joined; the workers keep running */
+    INPLACE_RESTART,        /* in-place recovery cannot go on: restart the job */
+    INPLACE_STOPPED,        /* a signal: *stop_signal */
+    INPLACE_ERROR,          /* the join failed (rg_last_error(), printed) */
+} launcher_inplace_end_t;
+
+/* Opens the next round and joins it with this node's members (launcher_inplace_members)
+ * while the workers live: heartbeats, output, messages and reaping go on. Bounded by the
+ * join timeout. */
+launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
+                                               rg_rdzv_assignment_t *asg, int *stop_signal);
 
 /* ---- commands ------------------------------------------------------------------------ */
 

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define AGENT_MAX_FDS (3 + 2 * LAUNCHER_MAX_NPROC)
+#define AGENT_MAX_FDS (4 + 2 * LAUNCHER_MAX_NPROC)   /* signals, rendezvous, notices, pipe */
 
 typedef enum {
     ROUND_SUCCEEDED,    /* every local worker exited 0 */
@@ -32,6 +32,7 @@ typedef enum {
     ROUND_STOPPED,      /* a signal told the agent to stop */
     ROUND_LEFT,         /* this node left on purpose (a preemption notice, SIGTERM) */
     ROUND_ERROR,        /* the agent cannot go on */
+    ROUND_IN_PLACE,     /* in place: join the next round keeping the workers */
 } round_end_t;
 
 typedef struct {
@@ -48,6 +49,7 @@ typedef struct {
     launcher_watch_t        *watch;          /* --preemption-notice's watcher, or NULL */
     char                     left_why[LAUNCHER_NOTICE_REASON_MAX]; /* ROUND_LEFT's reason */
     rg_beat_host_t           beat;           /* the page the workers beat (rg_beat.h) */
+    launcher_inplace_t       ip;             /* --recovery=in-place (launcher_inplace.c) */
     char                     endpoints[1024];
     char                     local_addr[256];
     char                     log_dir[512];   /* cfg's, or a temporary one made here */
@@ -89,14 +91,103 @@ static round_end_t agent_left(agent_t *ag, const launcher_leave_t *lv)
     return ROUND_LEFT;
 }
 
-static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
+/* In place: the restart path, for the whole job (every agent stops its workers). */
+static round_end_t inplace_restart(agent_t *ag, const char *why)
+{
+    if (why != NULL && rg_rdzv_request_restart(ag->rdzv, why) != RG_OK) {
+        rg_warn("cannot ask the other agents to restart: %s", rg_last_error());
+    }
+    launcher_workers_stop(&ag->ws, ag->cfg->grace_ms, SIGTERM, ag->cfg);
+    return ROUND_RESTART;
+}
+
+/* In place: the workers' side of a change; the next round is joined by agent_loop. */
+static round_end_t inplace_change(agent_t *ag, const rg_rdzv_assignment_t *asg,
+                                  const char *why)
+{
+    char not_capable[256];
+    if (!launcher_inplace_capable(&ag->ip, &ag->ws, not_capable, sizeof(not_capable))) {
+        fprintf(stderr, "regroup: warning: --recovery=in-place: %s; the job restarts as with "
+                "--recovery=restart\n", not_capable);
+        return inplace_restart(ag, not_capable);
+    }
+    rg_info("round %d: %s; regrouping in place", asg->round, why);
+    rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0, why);
+    return ROUND_IN_PLACE;
+}
+
+/* In place: replaces every worker that failed (reported, counted as a restart by the next
+ * round); ROUND_IN_PLACE, or the restart path when that cannot be done. */
+static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
+                                   const launcher_spawn_t *sp0)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    char why[256] = "";
+    int n_failed = 0;
+    bool capable = launcher_inplace_capable(&ag->ip, &ag->ws, why, sizeof(why));
+
+    for (int i = 0; i < ag->ws.n; i++) {
+        launcher_worker_t *w = &ag->ws.w[i];
+        if (w->running || ag->ip.state[i] == INPLACE_EXITED) {
+            continue;
+        }
+        if (WIFEXITED(w->wstatus) && WEXITSTATUS(w->wstatus) == 0) {
+            ag->ip.state[i] = INPLACE_EXITED;
+            continue;
+        }
+        rg_rdzv_failure_t f;
+        char err[8192];
+        char tail[4096];
+        launcher_workers_drain(&ag->ws, i, cfg);
+        launcher_workers_failure(&ag->ws, i, &f, err, sizeof(err), tail, sizeof(tail));
+        fprintf(stderr, "regroup: worker rank %d failed (%s %d)\n", f.rank,
+                f.signal ? "signal" : "exit code", f.signal ? f.signal : f.exit_code);
+        if (rg_rdzv_report_failure(ag->rdzv, &f) != RG_OK) {
+            rg_warn("cannot record the failure in etcd: %s", rg_last_error());
+        }
+        if (!ag->ip.capable[i] && capable) {
+            capable = false;
+            snprintf(why, sizeof(why), "local rank %d (pid %d) had not said it regroups in "
+                     "place", i, (int)w->pid);
+        }
+        n_failed++;
+        if (!capable) {
+            continue;
+        }
+        launcher_spawn_t sp = *sp0;
+        sp.join = true;
+        rg_beat_host_reset(&ag->beat, i);   /* the replacement arms it with its first beat */
+        rg_status_t st = launcher_workers_respawn(&ag->ws, &sp, &ag->child_mask, i);
+        if (st != RG_OK) {
+            fprintf(stderr, "regroup: %s\n", rg_last_error());
+            return inplace_restart(ag, "cannot start a replacement worker");
+        }
+        ag->ip.state[i] = INPLACE_PENDING;
+        ag->ip.capable[i] = false;
+        rg_info("local rank %d: replacement started (pid %d); the others go on without it",
+                i, (int)ag->ws.w[i].pid);
+    }
+    if (n_failed == 0) {
+        return ROUND_SUCCEEDED;   /* only exits with 0: nothing to recover */
+    }
+    if (!capable) {
+        fprintf(stderr, "regroup: warning: --recovery=in-place: %s; the job restarts as with "
+                "--recovery=restart\n", why);
+        return inplace_restart(ag, why);
+    }
+    rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0,
+                   "a worker was replaced");
+    return ROUND_IN_PLACE;
+}
+
+static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool resume)
 {
     const rg_agent_params_t *cfg = ag->cfg;
     launcher_spawn_t sp = {.cfg = cfg, .asg = asg, .endpoints = ag->endpoints,
                            .local_addr = ag->local_addr, .log_dir = ag->log_dir,
                            .notice_fd = ag->notice.fd, .beat_fd = ag->beat.fd,
                            .agent = rg_rdzv_agent_id(ag->rdzv),
-                           .lease = rg_rdzv_lease_id(ag->rdzv)};
+                           .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w};
     rg_status_t st;
 
     launcher_leave_t lv;
@@ -104,23 +195,35 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
     rg_log_set_identity(asg->rank_offset, asg->round);
     ag->restart_count = asg->restart_count;
     launcher_leave_init(&lv, cfg, &ag->ws, ag->rdzv, &ag->notice, asg);
-    for (int i = 0; i < cfg->nproc; i++) {
-        rg_beat_host_reset(&ag->beat, i);   /* armed by each new worker's first beat */
+    if (resume) {
+        launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
+        rg_info("round %d: %d workers carry on in place (ranks from %d, world %d, restart %d)",
+                asg->round, launcher_inplace_members(&ag->ip, &ag->ws), asg->rank_offset,
+                asg->world_size, asg->restart_count);
+    } else {
+        for (int i = 0; i < cfg->nproc; i++) {
+            rg_beat_host_reset(&ag->beat, i);   /* armed by each new worker's first beat */
+        }
+        st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
+        if (st != RG_OK) {
+            ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
+            fprintf(stderr, "regroup: %s\n", rg_last_error());
+            launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);
+            return ROUND_ERROR;
+        }
+        rg_info("round %d: started %d workers (ranks %d..%d of %d, restart %d)", asg->round,
+                cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1,
+                asg->world_size, asg->restart_count);
+        if (ag->ip.enabled) {   /* (their first group is made in rg_train_init) */
+            launcher_inplace_reset(&ag->ip, cfg->nproc);
+            launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
+        }
     }
-    st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
-    if (st != RG_OK) {
-        ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
-        fprintf(stderr, "regroup: %s\n", rg_last_error());
-        launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);
-        return ROUND_ERROR;
-    }
-    rg_info("round %d: started %d workers (ranks %d..%d of %d, restart %d)", asg->round,
-            cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1, asg->world_size,
-            asg->restart_count);
     launcher_preempt_t pn;
     if (launcher_watch_take(ag->watch, &pn)) {   /* it came while joining */
         launcher_leave_begin(&lv, pn.reason, pn.end_ms);
     }
+    const char *pending = NULL;   /* in place: a planned change waiting for the workers */
     for (;;) {
         struct pollfd pfd[AGENT_MAX_FDS];
         int n = 0;
@@ -129,6 +232,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
         pfd[n++] = (struct pollfd){.fd = ag->sigfd, .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = rg_rdzv_fd(ag->rdzv), .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = launcher_watch_fd(ag->watch), .events = POLLIN};
+        if (ag->ip.pipe_r >= 0) {
+            pfd[n++] = (struct pollfd){.fd = ag->ip.pipe_r, .events = POLLIN};
+        }
         for (int i = 0; i < ag->ws.n; i++) {
             if (ag->ws.w[i].out_fd >= 0) {
                 pfd[n++] = (struct pollfd){.fd = ag->ws.w[i].out_fd, .events = POLLIN};
@@ -146,8 +252,14 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
             return ROUND_ERROR;
         }
         for (int k = 3; k < n; k++) {
-            if (pfd[k].revents != 0) {
+            if (pfd[k].revents != 0 && pfd[k].fd != ag->ip.pipe_r) {
                 launcher_workers_pump(&ag->ws, pfd[k].fd, cfg);
+            }
+        }
+        if (ag->ip.enabled) {
+            launcher_inplace_read(&ag->ip, &ag->ws);
+            if (ag->ip.restart_asked) {
+                return inplace_restart(ag, "a worker could not recover in place");
             }
         }
         if (read_signals(ag, &child)) {
@@ -165,7 +277,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
         if (child) {
             int failed;
             int running = launcher_workers_reap(&ag->ws, &failed);
-            if (failed >= 0 && launcher_leave_excused(&lv)) {
+            /* In place, only this node's own leaving excuses a failure: the others replace
+             * a failed worker as always (a lost peer is no failure of theirs in place). */
+            if (failed >= 0 && (lv.own || !ag->ip.enabled) && launcher_leave_excused(&lv)) {
                 /* Part of a node's leaving (a peer gone, too little time to save): not a
                  * failure of the job, and not counted against --max-restarts. */
                 launcher_worker_t *fw = &ag->ws.w[failed];
@@ -176,7 +290,12 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                 launcher_leave_stop(&lv);
                 return agent_left(ag, &lv);
             }
-            if (failed >= 0) {
+            if (failed >= 0 && ag->ip.enabled) {
+                round_end_t end = inplace_replace(ag, asg, &sp);
+                if (end != ROUND_SUCCEEDED) {
+                    return end;
+                }
+            } else if (failed >= 0) {
                 rg_rdzv_failure_t f;
                 char err[8192];
                 char tail[4096];
@@ -225,9 +344,31 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg)
                                               "a node was lost", "a node is waiting to join",
                                               "another agent opened a new round",
                                               "this agent's lease was lost"};
-            rg_info("round %d ends: %s", asg->round, why[change]);
-            launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
-            return lv.own ? agent_left(ag, &lv) : ROUND_RESTART;
+            if (ag->ip.enabled && !lv.own && change == RG_RDZV_JOIN_PENDING) {
+                /* A node that joins starts fresh workers: they hold no state to regroup
+                 * with, so the job takes the restart path (documented as not yet in place). */
+                rg_info("round %d ends: %s (restarting: a joining node is not taken in place)",
+                        asg->round, why[change]);
+                return inplace_restart(ag, "a node joins");
+            }
+            if (ag->ip.enabled && !lv.own && change == RG_RDZV_MEMBER_LOST) {
+                return inplace_change(ag, asg, why[change]);
+            }
+            if (ag->ip.enabled && !lv.own && change == RG_RDZV_NEW_ROUND) {
+                pending = why[change];
+            } else {
+                rg_info("round %d ends: %s", asg->round, why[change]);
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                return lv.own ? agent_left(ag, &lv) : ROUND_RESTART;
+            }
+        }
+        if (ag->ip.enabled && ag->ip.ready_seen && pending == NULL) {
+            pending = "a replacement worker is ready";
+        }
+        /* A planned change waits until this node's workers are in the round assigned, so
+         * that none skips the round its peers are building (bounded). */
+        if (pending != NULL && launcher_inplace_settled(&ag->ip, &ag->ws)) {
+            return inplace_change(ag, asg, pending);
         }
     }
 }
@@ -243,8 +384,45 @@ static rg_status_t agent_loop(agent_t *ag)
         fprintf(stderr, "regroup: out of memory\n");
         return rg_error(RG_ENOMEM, "rendezvous assignment");
     }
+    bool resume = false;
     for (;;) {
-        st = rg_rdzv_join(ag->rdzv, launcher_watch_join_fd(ag->watch, ag->sigfd), asg);
+        if (resume) {
+            launcher_inplace_env_t e = {.cfg = cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
+                                        .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip};
+            int ran = asg->round;   /* the round the workers are in */
+            launcher_inplace_end_t ie = launcher_inplace_rejoin(&e, asg, &ag->stop_signal);
+            bool asked = false;
+            if (ie == INPLACE_JOINED && !asg->job_failed && !asg->job_done &&
+                rg_rdzv_restart_requested(ag->rdzv, ran, &asked) == RG_OK && asked) {
+                rg_info("round %d: another agent asked for a restart", asg->round);
+                (void)inplace_restart(ag, NULL);
+                resume = false;
+                st = rg_rdzv_next_round(ag->rdzv);
+                if (st != RG_OK) {
+                    rg_warn("cannot open the next round (%s); joining anyway", rg_last_error());
+                }
+                continue;
+            }
+            if (ie == INPLACE_STOPPED) {
+                rg_info("signal %d: stopping workers", ag->stop_signal);
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                break;
+            }
+            if (ie == INPLACE_ERROR) {
+                st = ag->ip.error;
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                break;
+            }
+            if (ie == INPLACE_RESTART) {
+                (void)inplace_restart(ag, "in-place recovery failed during a join");
+                resume = false;
+                continue;
+            }
+            st = RG_OK;
+        } else {
+            rg_rdzv_set_nproc(ag->rdzv, cfg->nproc);   /* fresh workers: all of them */
+            st = rg_rdzv_join(ag->rdzv, launcher_watch_join_fd(ag->watch, ag->sigfd), asg);
+        }
         if (st == RG_ECANCELED) {
             bool child = false;
             launcher_preempt_t pn;
@@ -272,6 +450,9 @@ static rg_status_t agent_loop(agent_t *ag)
                     asg->round, cfg->max_restarts, asg->restart_count);
             ag->excused_count = asg->excused_count;
         }
+        if ((asg->job_done || asg->job_failed) && resume) {
+            launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+        }
         if (asg->job_done) {
             fprintf(stderr, "regroup: the job finished without this node\n");
             st = RG_OK;
@@ -286,7 +467,11 @@ static rg_status_t agent_loop(agent_t *ag)
             st = rg_error(RG_EJOBFAILED, "the workers failed more than %s times", limit);
             break;
         }
-        round_end_t end = run_round(ag, asg);
+        round_end_t end = run_round(ag, asg, resume);
+        resume = end == ROUND_IN_PLACE;
+        if (resume) {
+            continue;
+        }
         if (end == ROUND_SUCCEEDED) {
             st = rg_rdzv_done(ag->rdzv);
             if (st != RG_OK) {
@@ -418,6 +603,9 @@ static rg_status_t agent_main(agent_t *ag)
     if (st == RG_OK && cfg->hang_ms > 0) {
         st = rg_beat_host_create(&ag->beat, cfg->nproc);
     }
+    if (st == RG_OK) {
+        st = launcher_inplace_open(&ag->ip, cfg);
+    }
     if (st != RG_OK) {
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         goto out;
@@ -433,6 +621,7 @@ static rg_status_t agent_main(agent_t *ag)
         .last_call_ms = cfg->last_call_ms,
         .join_timeout_ms = cfg->join_timeout_ms,
         .max_restarts = cfg->max_restarts,
+        .in_place = cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE,
     };
     st = rg_rdzv_create(&p, &ag->rdzv);
     if (st != RG_OK) {
@@ -461,6 +650,7 @@ out:
     rg_rdzv_destroy(ag->rdzv);
     rg_notice_host_destroy(&ag->notice);
     rg_beat_host_destroy(&ag->beat);
+    launcher_inplace_close(&ag->ip);
     if (etcd != NULL) {
         /* The rendezvous this agent serves outlives its own part of the job until the other
          * agents have left (torchrun's exit barrier), unless a signal stopped this agent. */
@@ -502,6 +692,7 @@ rg_status_t rg_agent_run(const rg_agent_params_t *cfg, rg_agent_result_t *result
     ag->sigfd = -1;
     ag->notice.fd = -1;
     ag->beat.fd = -1;
+    ag->ip.pipe_r = ag->ip.pipe_w = -1;
     /* Signals arrive through the signalfd; block them before any thread starts so that
      * every thread (curl's, the lease keeper's, the watch's) inherits the mask. */
     sigemptyset(&block);

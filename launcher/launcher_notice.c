@@ -598,7 +598,11 @@ void launcher_leave_others(launcher_leave_t *lv)
                  rec->reason);
         fprintf(stderr, "regroup: %s; %lld ms left for the last checkpoint\n", reason,
                 (long long)RG_MAX(at - rg_notice_now_ms(), 0));
-        if (!lv->own) {
+        if (!lv->own && lv->cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
+            /* In place this node stays: for its workers it is a planned change of the
+             * members (the next round's), taken after the leaving node's last step. */
+            rg_notice_post(lv->notice, RG_NOTICE_KIND_MEMBERS, a->round + 1, at, reason);
+        } else if (!lv->own) {
             rg_notice_post(lv->notice, RG_NOTICE_KIND_PREEMPT, a->round, at, reason);
         }
         return;
@@ -644,6 +648,9 @@ bool launcher_leave_holds(launcher_leave_t *lv, rg_rdzv_change_t change)
     }
     if (lv->own) {
         return true;    /* this node is on its way out: its workers finish first */
+    }
+    if (lv->others && lv->cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
+        return false;   /* in place the workers stay and regroup: nothing to wait for */
     }
     if (lv->others && workers_read_page(lv)) {
         lv->drain = true;

@@ -16,7 +16,7 @@ typedef enum {
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
     O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
     O_START_METHOD, O_RUN_PATH, O_LOGS_SPECS, O_RANKS_FILTER, O_NUMA, O_EVENT_LOG,
-    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_COUNT
+    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_RECOVERY, O_COUNT
 } opt_id_t;
 
 typedef struct {
@@ -56,6 +56,7 @@ static const opt_t opts[] = {
     {"logs-specs", 0, O_LOGS_SPECS, true, NULL, -1},
     {"local-ranks-filter", 0, O_RANKS_FILTER, true, NULL, RG_AGENT_RANKS_FILTER},
     {"numa-binding", 0, O_NUMA, true, "REGROUP_NUMA_BINDING", RG_AGENT_NUMA},
+    {"recovery", 0, O_RECOVERY, true, "REGROUP_RECOVERY", RG_AGENT_RECOVERY},
     {"event-log-handler", 0, O_EVENT_LOG, true, NULL, -1},
     {"virtual-local-rank", 0, O_VIRTUAL_LOCAL_RANK, false, NULL, -1},
     {"signals-to-handle", 0, O_SIGNALS, true, NULL, -1},
@@ -67,7 +68,7 @@ static const opt_t opts[] = {
 static bool has_pet(const opt_t *o)
 {
     return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE &&
-           o->id != O_NOTICE;
+           o->id != O_NOTICE && o->id != O_RECOVERY;
 }
 
 /* "PET_NPROC_PER_NODE" for nproc-per-node. */
@@ -109,6 +110,9 @@ void launcher_usage(FILE *out)
 "                            users cannot read), cacert, cert, key, grace_period\n"
 "  --standalone              run a private etcd for a single-node job\n"
 "  --max-restarts=N          worker failures tolerated before the job fails (default 0)\n"
+"  --recovery=restart|in-place  restart: stop every worker and restart from the last\n"
+"                            checkpoint (default); in-place: keep the survivors, replace\n"
+"                            only a dead worker (programs that call rg_train_regroup)\n"
 "  --monitor-interval=S      longest the agent sleeps without looking (default 1)\n"
 "  --grace-period=S          SIGTERM to SIGKILL when stopping workers (default 5)\n"
 "  --role=NAME               ROLE_NAME of the workers (default 'default')\n"
@@ -498,6 +502,15 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
         p->notice = (rg_agent_notice_t)k;
         break;
     }
+    case O_RECOVERY:
+        if (strcmp(v, "restart") == 0) {
+            p->recovery = RG_AGENT_RECOVERY_RESTART;
+        } else if (strcmp(v, "in-place") == 0 || strcmp(v, "in_place") == 0) {
+            p->recovery = RG_AGENT_RECOVERY_IN_PLACE;
+        } else {
+            return bad_src(o, src, v, "expected restart or in-place");
+        }
+        break;
     case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:

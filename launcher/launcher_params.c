@@ -30,6 +30,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_JOIN_TIMEOUT] = {"join_timeout", "rdzv-conf", "join_timeout", K_MS, true},
     [RG_AGENT_LEASE_TTL] = {"lease_ttl", "rdzv-conf", "lease_ttl", K_SEC, true},
     [RG_AGENT_MAX_RESTARTS] = {"max_restarts", "max-restarts", NULL, K_INT, true},
+    [RG_AGENT_RECOVERY] = {"recovery", "recovery", NULL, K_STR, true},
     [RG_AGENT_MONITOR] = {"monitor_interval", "monitor-interval", NULL, K_MS, true},
     [RG_AGENT_HANG] = {"hang_timeout", "rdzv-conf", "hang_timeout", K_MS, true},
     [RG_AGENT_GRACE] = {"grace_period", "grace-period", "grace_period", K_MS, true},
@@ -143,6 +144,10 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
                 o += n > 0 ? n : 0;
             }
         }
+        break;
+    case RG_AGENT_RECOVERY:
+        snprintf(buf, len, "%s", p->recovery == RG_AGENT_RECOVERY_IN_PLACE ? "in-place"
+                                                                          : "restart");
         break;
     case RG_AGENT_NUMA: {
         static const char *const names[] = {"none", "node", "socket", "exclusive",
@@ -296,6 +301,9 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
             return BAD(RG_AGENT_TEE, "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) "
                                      "or a per-local-rank map such as 0:3,1:1");
         }
+    }
+    if ((unsigned)p->recovery > RG_AGENT_RECOVERY_IN_PLACE) {
+        return BAD(RG_AGENT_RECOVERY, "expected restart or in-place");
     }
     if ((unsigned)p->numa > RG_AGENT_NUMA_CORE_COMPLEX) {
         return BAD(RG_AGENT_NUMA, "expected node, socket, exclusive, core-complex or none");

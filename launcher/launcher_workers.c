@@ -124,6 +124,18 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
         env_add(e, "REGROUP_AGENT_ID", "%s", sp->agent);
         env_add(e, "REGROUP_AGENT_LEASE", "%lld", (long long)sp->lease);
     }
+    /* Always said, so that a REGROUP_RECOVERY the agent was started with (an option's
+     * source) cannot tell a worker of a restart job that it recovers in place. */
+    env_add(e, "REGROUP_RECOVERY", "%s",
+            cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE ? "in-place" : "restart");
+    if (cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
+        if (sp->pipe_fd >= 0) {
+            env_add(e, RG_NOTICE_PIPE_ENV, "%d", sp->pipe_fd);
+        }
+        if (sp->join) {
+            env_add(e, RG_NOTICE_JOIN_ENV, "1");
+        }
+    }
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
@@ -165,7 +177,7 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
  * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
 static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
                        const sigset_t *child_mask, const cpu_set_t *cpus, int notice_fd,
-                       int beat_fd)
+                       int beat_fd, int pipe_fd)
 {
     int e;
 
@@ -189,6 +201,9 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_
     }
     if (beat_fd >= 0) {
         fcntl(beat_fd, F_SETFD, 0);
+    }
+    if (pipe_fd >= 0) {
+        fcntl(pipe_fd, F_SETFD, 0);
     }
     execvpe(args[0], args, envp);
     e = errno;
@@ -252,11 +267,13 @@ static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher
                                           const sigset_t *child_mask, char **args,
                                           const cpu_set_t *sets);
 
-rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
-                                   const sigset_t *child_mask)
+static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                             const sigset_t *child_mask, char **args, const cpu_set_t *cpus,
+                             int i);
+
+/* The command line of a worker into args[cfg->argc + 4]. */
+static void worker_args(const rg_agent_params_t *cfg, char **args)
 {
-    const rg_agent_params_t *cfg = sp->cfg;
-    char *args[cfg->argc + 4];
     int k = 0;
 
     if (cfg->module || (!cfg->no_python && strlen(cfg->argv[0]) > 3 &&
@@ -271,6 +288,32 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
         args[k++] = cfg->argv[i];
     }
     args[k] = NULL;
+}
+
+rg_status_t launcher_workers_respawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                     const sigset_t *child_mask, int i)
+{
+    const rg_agent_params_t *cfg = sp->cfg;
+    char *args[cfg->argc + 4];
+    cpu_set_t cpus;
+    bool bind = ws->w[i].bind;
+
+    if (i < 0 || i >= ws->n || ws->w[i].running) {
+        return rg_error(RG_EINVAL, "no exited worker %d to start again", i);
+    }
+    cpus = ws->w[i].cpus;
+    worker_args(cfg, args);
+    worker_close(&ws->w[i], cfg);
+    return spawn_one(ws, sp, child_mask, args, bind ? &cpus : NULL, i);
+}
+
+rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                   const sigset_t *child_mask)
+{
+    const rg_agent_params_t *cfg = sp->cfg;
+    char *args[cfg->argc + 4];
+
+    worker_args(cfg, args);
     ws->n = 0;
     ws->running = 0;
     cpu_set_t *sets = NULL;
@@ -290,101 +333,114 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
     return st;
 }
 
+/* Starts worker i (local rank i) with args; cpus: its binding, or NULL. */
+static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                             const sigset_t *child_mask, char **args, const cpu_set_t *cpus,
+                             int i)
+{
+    const rg_agent_params_t *cfg = sp->cfg;
+    pid_t agent = getpid();
+    launcher_worker_t *w = &ws->w[i];
+    int out[2];
+    int err[2];
+    int ex[2];
+
+    memset(w, 0, sizeof(*w));
+    w->local_rank = i;
+    w->rank = sp->asg->rank_offset + i;
+    w->out_fd = -1;
+    w->err_fd = -1;
+    if (cpus != NULL) {
+        w->bind = true;
+        w->cpus = *cpus;
+    }
+    snprintf(w->error_file, sizeof(w->error_file), "%s/error_r%d_l%d.json", ws->run_dir,
+             sp->asg->round, i);
+    unlink(w->error_file);
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        close(out[0]);
+        close(out[1]);
+        return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
+    }
+    if (pipe2(ex, O_CLOEXEC) != 0) {
+        rg_status_t st = rg_error(RG_ESYS, "cannot start workers: pipe: %s",
+                                  strerror(errno));
+        close_pipes(out, err, NULL);
+        return st;
+    }
+    int to_files = launcher_std_bits(cfg, false, i) | launcher_std_bits(cfg, true, i);
+    if (sp->log_dir != NULL && sp->log_dir[0] != '\0') {
+        if (to_files & 1) {
+            w->out_log = open_log(sp, w, "stdout");
+        }
+        if (to_files & 2) {
+            w->err_log = open_log(sp, w, "stderr");
+        }
+    }
+    worker_env_t env;
+    rg_status_t st = env_build(&env, sp, w);
+    if (st != RG_OK) {
+        close_pipes(out, err, ex);
+        worker_close(w, cfg);   /* its logs */
+        return st;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    w->pid = fork();
+    if (w->pid == 0) {
+        child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
+                   w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd, sp->pipe_fd);
+    }
+    env_free(&env);
+    if (w->pid < 0) {
+        st = rg_error(RG_ESYS, "cannot start workers: fork: %s", strerror(errno));
+        close_pipes(out, err, ex);
+        worker_close(w, cfg);
+        return st;
+    }
+    /* Also from the parent: no window in which a signal to the group misses it. */
+    setpgid(w->pid, w->pid);
+    close(out[1]);
+    close(err[1]);
+    close(ex[1]);
+    /* A program that cannot be executed is no worker failure to retry: every restart
+     * would meet it again. The job ends here, saying what and why. */
+    int exec_errno = exec_result(ex[0]);
+    close(ex[0]);
+    if (exec_errno != 0) {
+        waitpid(w->pid, NULL, 0);
+        close(out[0]);
+        close(err[0]);
+        worker_close(w, cfg);
+        if (exec_errno < 0) {
+            return rg_error(RG_ESYS, "--numa-binding: cannot bind local rank %d to its "
+                            "CPUs: %s", i, strerror(-exec_errno));
+        }
+        return rg_error(RG_ESYS, "cannot run %s: %s", args[0], strerror(exec_errno));
+    }
+    w->out_fd = out[0];
+    w->err_fd = err[0];
+    fcntl(w->out_fd, F_SETFL, O_NONBLOCK);
+    fcntl(w->err_fd, F_SETFL, O_NONBLOCK);
+    w->running = true;
+    ws->running++;
+    return RG_OK;
+}
+
 static rg_status_t launcher_workers_spawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                           const sigset_t *child_mask, char **args,
                                           const cpu_set_t *sets)
 {
     const rg_agent_params_t *cfg = sp->cfg;
-    pid_t agent = getpid();
     for (int i = 0; i < cfg->nproc; i++) {
-        launcher_worker_t *w = &ws->w[i];
-        int out[2];
-        int err[2];
-        int ex[2];
-
-        memset(w, 0, sizeof(*w));
-        w->local_rank = i;
-        w->rank = sp->asg->rank_offset + i;
-        w->out_fd = -1;
-        w->err_fd = -1;
-        if (sets != NULL) {
-            w->bind = true;
-            w->cpus = sets[i];
-        }
-        snprintf(w->error_file, sizeof(w->error_file), "%s/error_r%d_l%d.json", ws->run_dir,
-                 sp->asg->round, i);
-        unlink(w->error_file);
-        if (pipe2(out, O_CLOEXEC) != 0) {
-            return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
-        }
-        if (pipe2(err, O_CLOEXEC) != 0) {
-            close(out[0]);
-            close(out[1]);
-            return rg_error(RG_ESYS, "cannot start workers: pipe: %s", strerror(errno));
-        }
-        if (pipe2(ex, O_CLOEXEC) != 0) {
-            rg_status_t st = rg_error(RG_ESYS, "cannot start workers: pipe: %s",
-                                      strerror(errno));
-            close_pipes(out, err, NULL);
-            return st;
-        }
-        int to_files = launcher_std_bits(cfg, false, i) | launcher_std_bits(cfg, true, i);
-        if (sp->log_dir != NULL && sp->log_dir[0] != '\0') {
-            if (to_files & 1) {
-                w->out_log = open_log(sp, w, "stdout");
-            }
-            if (to_files & 2) {
-                w->err_log = open_log(sp, w, "stderr");
-            }
-        }
-        worker_env_t env;
-        rg_status_t st = env_build(&env, sp, w);
+        rg_status_t st = spawn_one(ws, sp, child_mask, args, sets ? &sets[i] : NULL, i);
         if (st != RG_OK) {
-            close_pipes(out, err, ex);
-            worker_close(w, cfg);   /* its logs */
             return st;
         }
-        fflush(stdout);
-        fflush(stderr);
-        w->pid = fork();
-        if (w->pid == 0) {
-            child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
-                       w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd);
-        }
-        env_free(&env);
-        if (w->pid < 0) {
-            st = rg_error(RG_ESYS, "cannot start workers: fork: %s", strerror(errno));
-            close_pipes(out, err, ex);
-            worker_close(w, cfg);
-            return st;
-        }
-        /* Also from the parent: no window in which a signal to the group misses it. */
-        setpgid(w->pid, w->pid);
-        close(out[1]);
-        close(err[1]);
-        close(ex[1]);
-        /* A program that cannot be executed is no worker failure to retry: every restart
-         * would meet it again. The job ends here, saying what and why. */
-        int exec_errno = exec_result(ex[0]);
-        close(ex[0]);
-        if (exec_errno != 0) {
-            waitpid(w->pid, NULL, 0);
-            close(out[0]);
-            close(err[0]);
-            worker_close(w, cfg);
-            if (exec_errno < 0) {
-                return rg_error(RG_ESYS, "--numa-binding: cannot bind local rank %d to its "
-                                "CPUs: %s", i, strerror(-exec_errno));
-            }
-            return rg_error(RG_ESYS, "cannot run %s: %s", args[0], strerror(exec_errno));
-        }
-        w->out_fd = out[0];
-        w->err_fd = err[0];
-        fcntl(w->out_fd, F_SETFL, O_NONBLOCK);
-        fcntl(w->err_fd, F_SETFL, O_NONBLOCK);
-        w->running = true;
         ws->n++;
-        ws->running++;
     }
     return RG_OK;
 }

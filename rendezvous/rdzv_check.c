@@ -67,7 +67,11 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     int r = z->cur.round;
     st = rdzv_keys_round(&z->keys, k_round, sizeof(k_round));
     if (st == RG_OK) {
-        st = rdzv_keys_failures_round_prefix(&z->keys, r, k_fail, sizeof(k_fail));
+        /* In place, a failure marker only counts the restart (the agent that replaced its
+         * worker opens the next round); a restart request ends the round for everyone. */
+        st = z->p.in_place ? rdzv_keys_restart(&z->keys, k_fail, sizeof(k_fail))
+                           : rdzv_keys_failures_round_prefix(&z->keys, r, k_fail,
+                                                             sizeof(k_fail));
     }
     if (st == RG_OK) {
         st = rdzv_keys_nodes_prefix(&z->keys, r, k_nodes, sizeof(k_nodes));
@@ -87,8 +91,8 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     /* One read of everything that can end the round. */
     rg_etcd_op_t ops[6] = {
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_round}},
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = true,
-                                               .count_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = !z->p.in_place,
+                                               .count_only = !z->p.in_place}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_nodes, .prefix = true,
                                                .keys_only = true}},
         {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_done, .prefix = true,
@@ -105,12 +109,21 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     rdzv_leaving_note(z, &t.results[5].u.range);
     const rg_etcd_range_t *round = &t.results[0].u.range;
     int64_t now_round = 0;
-    if (round->n_kvs == 1 &&
+    const rg_etcd_range_t *rq = &t.results[1].u.range;
+    int64_t restart_round = -1;
+    if (z->p.in_place && rq->n_kvs == 1 &&
+        rdzv_rec_round_decode(rq->kvs[0].value, rq->kvs[0].value_len, &restart_round) !=
+            RG_OK) {
+        restart_round = -1;
+    }
+    if (z->p.in_place && restart_round >= r) {
+        *change = RG_RDZV_FAILURE;   /* a restart request outranks the round it opened */
+    } else if (round->n_kvs == 1 &&
         rdzv_rec_round_decode(round->kvs[0].value, round->kvs[0].value_len, &now_round) ==
             RG_OK &&
         now_round > r) {
         *change = RG_RDZV_NEW_ROUND;
-    } else if (t.results[1].u.range.count > 0) {
+    } else if (!z->p.in_place && t.results[1].u.range.count > 0) {
         *change = RG_RDZV_FAILURE;
     } else {
         for (int i = 0; i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
@@ -179,6 +192,65 @@ rg_status_t rg_rdzv_report_failure(rg_rdzv_t *z, const rg_rdzv_failure_t *f)
     }
     free(text);
     return st;
+}
+
+rg_status_t rg_rdzv_request_restart(rg_rdzv_t *z, const char *why)
+{
+    char key[RDZV_KEY_MAX];
+    char val[RDZV_NUM_MAX];
+    int latest = z->cur.round;
+    rg_status_t st;
+
+    rg_warn("rendezvous: asking every agent to restart the job: %s", why);
+    /* Every worker of a round up to the newest one (which may be forming, agents joining it
+     * in place) restarts; the job then goes on in the round after it, with fresh workers
+     * only. No lease: the request outlives this agent. */
+    z->running = false;
+    st = rdzv_round_read(z, &latest);
+    if (st != RG_OK) {
+        return st;
+    }
+    latest = RG_MAX(latest, z->cur.round);
+    st = rdzv_keys_restart(&z->keys, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rdzv_rec_round_encode(latest, val, sizeof(val));
+    }
+    if (st == RG_OK) {
+        st = rg_etcd_put_str(z->etcd, key, val, 0, 0, NULL);
+    }
+    if (st == RG_OK) {
+        st = rdzv_round_advance(z, latest);
+    }
+    return st;
+}
+
+rg_status_t rg_rdzv_restart_requested(rg_rdzv_t *z, int round, bool *yes)
+{
+    char key[RDZV_KEY_MAX];
+    char *v;
+    size_t len;
+    int64_t r;
+    rg_status_t st = rdzv_keys_restart(&z->keys, key, sizeof(key));
+
+    *yes = false;
+    if (st == RG_OK) {
+        st = rg_etcd_get(z->etcd, key, 0, &v, &len, NULL);
+    }
+    if (st == RG_ENOENT) {
+        return RG_OK;
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    st = rdzv_rec_round_decode(v, len, &r);
+    free(v);
+    *yes = st == RG_OK && r >= round;
+    return st;
+}
+
+void rg_rdzv_set_nproc(rg_rdzv_t *z, int nproc)
+{
+    z->p.nproc = RG_MAX(0, nproc);
 }
 
 rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)

@@ -14,6 +14,16 @@
  *   rdzv_print.c      the failure table at the end of a failed job
  *   rdzv_leaving.c    nodes that leave on purpose (rdzv_leaving.h): their records
  *
+ * In place (params.in_place, `--recovery=in-place`): rounds follow one another while the
+ * workers live. A round's members are the agents, as always; each registers with the number
+ * of its workers taking part (rg_rdzv_set_nproc: its live workers less the replacements not
+ * ready yet, possibly 0), so the world size is their sum and ranks are compact: node order
+ * as the close policy gives it (survivors keep theirs), then the local ranks taking part, in
+ * order (the agent computes them and tells its workers through the notice page). A
+ * failure marker only counts the restart; the `restart` key (rg_rdzv_request_restart) is
+ * what ends a round for everyone. rg_rdzv_join may be interrupted and entered again for the
+ * same round (the agent looks after its workers meanwhile): it keeps the last-call window.
+ *
  * An event never decides anything: it only says "look again", and the state is then read in
  * one range or transaction, so a dropped watch or a compaction cannot make an agent miss a
  * change. Every buffer too large for a stack lives in the handle, not in a function-static:

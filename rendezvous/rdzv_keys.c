@@ -101,6 +101,11 @@ rg_status_t rdzv_keys_closed(const rdzv_keys_t *k, int64_t r, char *buf, size_t 
     return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/closed", r);
 }
 
+rg_status_t rdzv_keys_restart(const rdzv_keys_t *k, char *buf, size_t cap)
+{
+    return keys_fmt(k, buf, cap, "restart");
+}
+
 rg_status_t rdzv_keys_done_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
 {
     return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/done/", r);

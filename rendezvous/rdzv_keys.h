@@ -60,6 +60,8 @@ rg_status_t rdzv_keys_node(const rdzv_keys_t *k, int64_t r, const char *agent, c
                            size_t cap) RG_NODISCARD;          /* rounds/<r>/nodes/<agent> */
 rg_status_t rdzv_keys_closed(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
     RG_NODISCARD;                                                  /* rounds/<r>/closed */
+rg_status_t rdzv_keys_restart(const rdzv_keys_t *k, char *buf, size_t cap)
+    RG_NODISCARD;                 /* restart: in place, the last round whose workers restart */
 rg_status_t rdzv_keys_done_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
     RG_NODISCARD;                                                    /* rounds/<r>/done/ */
 rg_status_t rdzv_keys_done(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
@@ -125,7 +127,8 @@ rg_status_t rdzv_rec_done_decode(const char *v, size_t len, double *time) RG_NOD
 typedef struct {
     char    agent[RG_RDZV_ID_MAX];
     char    addr[RG_RDZV_ADDR_MAX];
-    int     nproc;          /* 1..4096 */
+    int     nproc;          /* 0..4096 (0: in an in-place job, a node whose every worker
+                             * is a replacement not ready yet) */
     int     port;           /* a free port on addr, for MASTER_PORT */
     int     prev_round;     /* the last closed round the agent was in, -1 */
     int     prev_rank;      /* its group rank there, -1 */

@@ -155,7 +155,7 @@ rg_status_t rdzv_rec_node_decode(const char *v, size_t len, rdzv_node_rec_t *out
         return RG_EPROTO;
     }
     ok = get_str(j, "agent", n.agent, sizeof(n.agent)) && n.agent[0] != '\0' &&
-         get_str(j, "addr", n.addr, sizeof(n.addr)) && get_int(j, "nproc", 1, 4096, &n.nproc) &&
+         get_str(j, "addr", n.addr, sizeof(n.addr)) && get_int(j, "nproc", 0, 4096, &n.nproc) &&
          get_int(j, "port", 0, 65535, &n.port) &&
          get_int(j, "prev_round", -1, RDZV_ROUND_MAX, &n.prev_round) &&
          get_int(j, "prev_rank", -1, RG_RDZV_MAX_NODES * 2, &n.prev_rank);
@@ -179,7 +179,7 @@ rg_status_t rdzv_rec_waiting_encode(const rg_rdzv_member_t *m, char **text_p)
 static bool member_get(const json_t *o, rg_rdzv_member_t *m)
 {
     return get_str(o, "agent", m->agent, sizeof(m->agent)) && m->agent[0] != '\0' &&
-           get_str(o, "addr", m->addr, sizeof(m->addr)) && get_int(o, "nproc", 1, 4096, &m->nproc);
+           get_str(o, "addr", m->addr, sizeof(m->addr)) && get_int(o, "nproc", 0, 4096, &m->nproc);
 }
 
 rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t *out)

@@ -377,7 +377,9 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         return rg_error(RG_EINVAL, "rendezvous join: NULL out");
     }
     z->running = false;
-    z->min_reached_ns = 0;
+    /* min_reached_ns is reset below when the round changes: an agent that comes back to
+     * the same round (an in-place agent's join, interrupted to look after its workers) keeps
+     * its last-call window. */
     st = rdzv_lease_renew_if_lost(z, deadline);
     if (st != RG_OK) {
         return st;

@@ -39,9 +39,16 @@ if ! bash scripts/fuzz.sh "${REGROUP_FUZZ_SECONDS:-30}"; then
     status=1
 fi
 
-# The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed.
+# The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed, in
+# both recovery modes.
 echo "== chaos (quick) =="
 if ! REGROUP_BUILD=build-test-plain chaos/run --quick --seed 1 --report build-test-plain/chaos-report.json; then
+    status=1
+fi
+# The same faults on a job that recovers in place (about a minute more).
+echo "== chaos (quick, in place) =="
+if ! REGROUP_BUILD=build-test-plain chaos/run --quick --recovery=in-place --seed 1 \
+        --report build-test-plain/chaos-report-in-place.json; then
     status=1
 fi
 exit $status

@@ -121,6 +121,59 @@ START_TEST(test_notice_page)
 }
 END_TEST
 
+/* In place: the assignment as a worker reads it from the page, and the pipe's messages. */
+START_TEST(test_notice_assign_and_pipe)
+{
+    rg_notice_host_t h;
+    rg_notice_view_t v;
+    rg_notice_assign_t a;
+    char fd_s[16];
+    int fds[2];
+    unsigned char buf[16];
+    rg_notice_msg_t msg;
+    int lr;
+
+    ck_assert_int_eq(rg_notice_host_create(&h, 2000), RG_OK);
+    snprintf(fd_s, sizeof(fd_s), "%d", h.fd);
+    setenv(RG_NOTICE_ENV, fd_s, 1);
+    ck_assert_int_eq(rg_notice_view_open(&v), RG_OK);
+    ck_assert(!rg_notice_read_assign(&v, &a));   /* none yet */
+    ck_assert_int_eq(a.round, -1);
+    int ranks[3] = {4, -1, 5};
+    rg_notice_assign(&h, 3, 6, 1, ranks, 3);
+    ck_assert(rg_notice_read_assign(&v, &a));
+    ck_assert_int_eq(a.round, 3);
+    ck_assert_int_eq(a.world, 6);
+    ck_assert_int_eq(a.restarts, 1);
+    ck_assert_int_eq(a.n, 3);
+    ck_assert_int_eq(a.rank[0], 4);
+    ck_assert_int_eq(a.rank[1], -1);
+    ck_assert_int_eq(a.rank[2], 5);
+    rg_notice_view_close(&v);
+    unsetenv(RG_NOTICE_ENV);
+    rg_notice_host_destroy(&h);
+
+    ck_assert(!rg_notice_msg_send(RG_NOTICE_MSG_READY, 1));   /* no pipe */
+    ck_assert_int_eq(pipe(fds), 0);
+    snprintf(fd_s, sizeof(fd_s), "%d", fds[1]);
+    setenv(RG_NOTICE_PIPE_ENV, fd_s, 1);
+    ck_assert(rg_notice_msg_send(RG_NOTICE_MSG_READY, 258));
+    ck_assert(rg_notice_msg_send(RG_NOTICE_MSG_RESTART, 0));
+    ck_assert_int_eq(read(fds[0], buf, sizeof(buf)), 8);
+    ck_assert(rg_notice_msg_decode(buf, &msg, &lr));
+    ck_assert_int_eq(msg, RG_NOTICE_MSG_READY);
+    ck_assert_int_eq(lr, 258);
+    ck_assert(rg_notice_msg_decode(buf + 4, &msg, &lr));
+    ck_assert_int_eq(msg, RG_NOTICE_MSG_RESTART);
+    ck_assert_int_eq(lr, 0);
+    buf[0] = 'Q';
+    ck_assert(!rg_notice_msg_decode(buf, &msg, &lr));
+    unsetenv(RG_NOTICE_PIPE_ENV);
+    close(fds[0]);
+    close(fds[1]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("common");
@@ -130,6 +183,7 @@ int main(void)
     tcase_add_test(tc, test_dbuf_limit);
     tcase_add_test(tc, test_deadline);
     tcase_add_test(tc, test_notice_page);
+    tcase_add_test(tc, test_notice_assign_and_pipe);
     suite_add_tcase(s, tc);
     return test_main("test_common", s, NULL);
 }

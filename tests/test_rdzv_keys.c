@@ -64,6 +64,8 @@ START_TEST(test_keys_layout)
     ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/");
     CK_OK(rdzv_keys_leaving(&k, 6, "a", b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/a");
+    CK_OK(rdzv_keys_restart(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/restart");
 
     ck_assert_str_eq(rdzv_keys_tail("/regroup/job-1/waiting/a-1-00000000",
                                     "/regroup/job-1/waiting/"), "a-1-00000000");
@@ -201,7 +203,7 @@ START_TEST(test_node_record)
 
     const char *bad[] = {
         "", "null", "[]", "{}", "not json",
-        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":0,\"port\":1,\"prev_round\":-1,"
+        "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":-1,\"port\":1,\"prev_round\":-1,"
         "\"prev_rank\":-1}",
         "{\"agent\":\"a\",\"addr\":\"x\",\"nproc\":\"1\",\"port\":1,\"prev_round\":-1,"
         "\"prev_rank\":-1}",

@@ -23,6 +23,8 @@
 #define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
 #define RESTORE_TRIES      8
 
+static rg_status_t finish_save(rg_train_ctx_t *ctx);
+
 /* Every report rg_report accepts fits the progress record. */
 _Static_assert(RG_TRAIN_MAX_METRICS <= RDZV_PROGRESS_METRICS, "progress record metrics");
 
@@ -116,9 +118,19 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
         }
         env->params.timeout_ms = ms;
     }
-    st = rg_comm_create(&env->params, &ctx->comm);
-    if (st != RG_OK) {
-        goto err;
+    ctx->comm_timeout_ms = env->params.timeout_ms;
+    /* In place: the agent keeps this worker through failures, and a replacement starts in no
+     * round (rg_train_regroup lets it in). */
+    const char *recovery = getenv("REGROUP_RECOVERY");
+    const char *join = getenv(RG_NOTICE_JOIN_ENV);
+    ctx->in_place = params->in_place && ctx->notice.page != NULL && recovery != NULL &&
+                    strcmp(recovery, "in-place") == 0;
+    ctx->joining = ctx->in_place && join != NULL && strcmp(join, "1") == 0;
+    if (!ctx->joining) {
+        st = rg_comm_create(&env->params, &ctx->comm);
+        if (st != RG_OK) {
+            goto err;
+        }
     }
     const char *root = params->ckpt_root ? params->ckpt_root : getenv("REGROUP_CKPT_DIR");
     if (root != NULL && root[0] != '\0') {
@@ -130,31 +142,49 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
             }
         }
         snprintf(ctx->ckpt_root, sizeof(ctx->ckpt_root), "%s", root);
-        int commit_ms = 0;
-        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &commit_ms);
+        st = env_int("REGROUP_CKPT_COMMIT_TIMEOUT_MS", 1, 1 << 30, 120000, &ctx->commit_ms);
         if (st != RG_OK) {
             goto err;
         }
-        rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
-                               .world_size = ctx->world, .staging_bytes = params->staging_bytes,
-                               .keep_last = (unsigned)keep, .etcd = ctx->etcd, .job = ctx->job,
-                               .commit_timeout_ms = commit_ms,
-                               .attempt = (uint64_t)ctx->round + 1,
-                               .fence_agent = ctx->fence.on ? ctx->fence.agent : NULL,
-                               .fence_lease = ctx->fence.lease,
-                               .fence_round = ctx->fence.round};
-        st = rg_ckpt_create(&cp, &ctx->ckpt);
-        if (st != RG_OK) {
-            goto err;
+        ctx->keep_last = (unsigned)keep;
+        ctx->staging_bytes = params->staging_bytes;
+        if (!ctx->joining) {
+            st = train_ckpt_open(ctx);
+            if (st != RG_OK) {
+                goto err;
+            }
         }
     }
     free(env);
+    if (ctx->in_place && !rg_notice_msg_send(RG_NOTICE_MSG_INPLACE, ctx->local_rank)) {
+        rg_warn("cannot tell the agent that this worker regroups in place: the job will "
+                "recover by restarting");
+    }
+    if (ctx->joining) {
+        rg_info("a replacement: joins the running job in rg_train_regroup");
+    }
     *ctx_p = ctx;
     return RG_OK;
 err:
     free(env);
     rg_train_finalize(ctx);
     return st;
+}
+
+rg_status_t train_ckpt_open(rg_train_ctx_t *ctx)
+{
+    if (ctx->ckpt_root[0] == '\0') {
+        return RG_OK;
+    }
+    rg_ckpt_params_t cp = {.root = ctx->ckpt_root, .rank = ctx->rank,
+                           .world_size = ctx->world, .staging_bytes = ctx->staging_bytes,
+                           .keep_last = ctx->keep_last, .etcd = ctx->etcd, .job = ctx->job,
+                           .commit_timeout_ms = ctx->commit_ms,
+                           .attempt = (uint64_t)ctx->round + 1,
+                           .fence_agent = ctx->fence.on ? ctx->fence.agent : NULL,
+                           .fence_lease = ctx->fence.lease,
+                           .fence_round = ctx->fence.round};
+    return rg_ckpt_create(&cp, &ctx->ckpt);
 }
 
 /* Waits for the checkpoint in flight; returns its result. */
@@ -205,6 +235,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
         }
     }
     (void)finish_save(ctx);
+    train_retired_reap(ctx, 1000);   /* earlier groups' checkpoints: bounded, then left */
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
     rg_etcd_destroy(ctx->etcd);
@@ -323,10 +354,15 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
 {
     rg_notice_snap_t snap;
     int64_t v[3] = {0, 0, INT64_MIN};   /* preempt, members, -(ms left) */
+    unsigned own = 0;
     rg_status_t st;
 
-    if (rg_notice_read(&ctx->notice, &snap) && snap.kind != RG_NOTICE_KIND_NONE) {
+    /* A membership notice is about the round its agent joins: once this worker regrouped
+     * into that round (or a later one), it is history. */
+    if (rg_notice_read(&ctx->notice, &snap) && snap.kind != RG_NOTICE_KIND_NONE &&
+        !(snap.kind == RG_NOTICE_KIND_MEMBERS && snap.round <= ctx->round)) {
         v[snap.kind == RG_NOTICE_KIND_PREEMPT ? 0 : 1] = 1;
+        own = 1u << snap.kind;
         if (snap.deadline_ms > 0) {
             v[2] = -RG_MAX(snap.deadline_ms - rg_notice_now_ms(), 0);
         }
@@ -337,6 +373,7 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
     }
     ctx->agreed = (rg_notice_t){.kinds = (v[0] ? 1u << RG_NOTICE_PREEMPT : 0) |
                                          (v[1] ? 1u << RG_NOTICE_MEMBERS : 0),
+                                .own = own,
                                 .ms_left = v[2] == INT64_MIN ? -1 : -v[2]};
     ctx->agreed_ns = rg_now_ns();
     if (ctx->agreed.kinds == 0) {
@@ -381,6 +418,9 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
         if (st != RG_OK) {
             return st;   /* fenced: no checkpoint of this round may start either */
         }
+    }
+    if (ctx->n_retired > 0) {
+        train_retired_reap(ctx, 0);   /* earlier groups' checkpoints that have ended */
     }
     /* Surface a background failure of the previous checkpoint at the next report. */
     if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {
@@ -455,6 +495,10 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
     if (st != RG_OK) {
         return st;
     }
+    if (ctx->joining) {
+        return rg_error(RG_EINVAL, "rg_report: a replacement must join with rg_train_regroup "
+                        "first");
+    }
     st = report_step(ctx, report, state);
     if (ctx->notice.page == NULL) {
         return st;
@@ -478,6 +522,10 @@ rg_status_t rg_get_checkpoint(rg_train_ctx_t *ctx, int64_t *step_p)
 
     if (ctx == NULL || step_p == NULL) {
         return rg_error(RG_EINVAL, "rg_get_checkpoint: NULL argument");
+    }
+    if (ctx->joining) {
+        return rg_error(RG_EINVAL, "rg_get_checkpoint: a replacement joins the running job "
+                        "with rg_train_regroup (its state comes from a survivor)");
     }
     if (ctx->ckpt == NULL) {
         return rg_error(RG_ENOENT, "no checkpoint root configured");

@@ -1,7 +1,8 @@
 /*
- * The worker API's context, shared by its files: train_ctx.c (the context, progress, the
- * asynchronous checkpoints, restoring) and train_leave.c (the last checkpoint before a node
- * leaves). A context belongs to one thread, as <regroup/train.h> says.
+ * The worker API's context, shared by its files: train_ctx.c (the context, reports,
+ * the asynchronous checkpoints, restoring), train_leave.c (the last checkpoint before a node
+ * leaves) and train_regroup.c (in-place recovery). A context belongs to one thread, as
+ * <regroup/train.h> says.
  */
 #ifndef REGROUP_TRAIN_INTERNAL_H
 #define REGROUP_TRAIN_INTERNAL_H
@@ -14,6 +15,8 @@
 
 #include <regroup/etcd.h>
 #include <regroup/train.h>
+
+#define TRAIN_RETIRED_MAX 4   /* old checkpointers kept while their last save finishes */
 
 struct rg_train_ctx {
     int              rank;
@@ -37,6 +40,24 @@ struct rg_train_ctx {
     rg_beat_worker_t *beat;          /* this worker's heartbeat to its agent, or NULL */
     rg_notice_t      agreed;         /* what the last rg_report agreed on */
     uint64_t         agreed_ns;      /* when */
+    /* in place (train_regroup.c) */
+    bool             in_place;       /* params.in_place under `regroup --recovery=in-place` */
+    bool             joining;        /* a replacement, in no round yet */
+    bool             said_ready;     /* it told its agent it is ready */
+    int64_t          comm_timeout_ms;/* the group's, for the groups regroup makes */
+    unsigned         keep_last;      /* the checkpointer's, for the one regroup makes */
+    int              commit_ms;
+    size_t           staging_bytes;
+    /* checkpoints in flight when the group changed: they finish (or fail, when they wait for
+     * a dead peer's shard: never committed, never visible) in the background with their
+     * old checkpointer, which is destroyed once they have */
+    struct {
+        rg_ckpt_t      *ckpt;
+        rg_ckpt_save_t *save;
+        int64_t         step;
+        bool            doomed;
+    } retired[TRAIN_RETIRED_MAX];
+    int              n_retired;
 };
 
 /* Waits for the checkpoint in flight until deadline and releases it: its result. With a
@@ -47,5 +68,12 @@ rg_status_t train_save_finish(rg_train_ctx_t *ctx, rg_deadline_t deadline) RG_NO
  * the data cursor. A step already committed is RG_OK with no save (save_committed). */
 rg_status_t train_save_start(rg_train_ctx_t *ctx, int64_t step, const rg_train_state_t *state)
     RG_NODISCARD;
+/* train_ctx.c: makes the checkpointer for the context's rank and world (none without a
+ * checkpoint root). */
+rg_status_t train_ckpt_open(rg_train_ctx_t *ctx) RG_NODISCARD;
+/* train_regroup.c: releases the retired checkpoints that have ended (logging a failure);
+ * with wait_ms > 0, waits up to that long for the others first, then abandons them to the
+ * process's exit (their threads keep their memory). */
+void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms);
 
 #endif

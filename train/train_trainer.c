@@ -16,10 +16,11 @@
 
 #define TRAINER_WORKER_ENV "REGROUP_TRAINER_WORKER"
 
-static int run_worker(rg_train_fn_t fn, void *arg)
+static int run_worker(rg_train_fn_t fn, void *arg, const rg_scaling_config_t *s)
 {
     rg_train_ctx_t *ctx;
-    rg_status_t st = rg_train_init(NULL, &ctx);
+    rg_train_params_t tp = {.in_place = s->in_place};
+    rg_status_t st = rg_train_init(&tp, &ctx);
     if (st != RG_OK) {
         fprintf(stderr, "regroup worker: %s\n", rg_last_error());
         return 1;
@@ -86,7 +87,7 @@ rg_status_t rg_trainer_fit(rg_train_fn_t fn, void *arg, const rg_scaling_config_
     }
     if (getenv(TRAINER_WORKER_ENV) != NULL) {
         fflush(stdout);
-        exit(run_worker(fn, arg));
+        exit(run_worker(fn, arg, s));
     }
     n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) {
@@ -109,6 +110,10 @@ rg_status_t rg_trainer_fit(rg_train_fn_t fn, void *arg, const rg_scaling_config_
     p.from[RG_AGENT_NPROC] = "rg_scaling_config_t.num_workers";
     p.max_restarts = s->max_failures;
     p.from[RG_AGENT_MAX_RESTARTS] = "rg_scaling_config_t.max_failures";
+    if (s->in_place) {
+        p.recovery = RG_AGENT_RECOVERY_IN_PLACE;
+        p.from[RG_AGENT_RECOVERY] = "rg_scaling_config_t.in_place";
+    }
     p.no_python = true;
     p.env = env;
     p.n_env = (int)RG_ARRAY_SIZE(env);

@@ -48,6 +48,10 @@ typedef struct {
     int64_t     last_call_ms;   /* default 1000 */
     int64_t     join_timeout_ms;/* default 600000 */
     int         max_restarts;   /* failures tolerated before the job fails */
+    bool        in_place;       /* --recovery=in-place: a failure marker does not end the
+                                 * round for the other agents (the agent that replaced its
+                                 * worker opens the next round); rg_rdzv_request_restart
+                                 * does */
 } rg_rdzv_params_t;
 
 typedef struct {
@@ -76,7 +80,8 @@ typedef struct {
 
 typedef enum {
     RG_RDZV_NONE = 0,
-    RG_RDZV_FAILURE,        /* a worker failed somewhere: restart (counts as a restart) */
+    RG_RDZV_FAILURE,        /* a worker failed somewhere: restart (counts as a restart); in
+                             * an in-place job: some agent asked for a restart */
     RG_RDZV_MEMBER_LOST,    /* a member's lease ended without it finishing */
     RG_RDZV_JOIN_PENDING,   /* a node waits to join and the job is below max */
     RG_RDZV_NEW_ROUND,      /* another agent opened the next round */
@@ -127,6 +132,17 @@ typedef struct {
 /* Records a worker failure of the current round; every agent sees RG_RDZV_FAILURE. */
 rg_status_t rg_rdzv_report_failure(rg_rdzv_t *rdzv, const rg_rdzv_failure_t *f)
     RG_ETCD_NODISCARD;
+/* In-place jobs: asks every agent to stop its workers and restart the job from its last
+ * checkpoint: `restart` says the newest round so far, whose workers and those of every
+ * round before it restart (rg_rdzv_check says RG_RDZV_FAILURE to an agent running one), and
+ * the job moves on to the round after it. */
+rg_status_t rg_rdzv_request_restart(rg_rdzv_t *rdzv, const char *why) RG_ETCD_NODISCARD;
+/* In-place jobs: whether a restart was requested for workers of `round` (or a later one). */
+rg_status_t rg_rdzv_restart_requested(rg_rdzv_t *rdzv, int round, bool *yes)
+    RG_ETCD_NODISCARD;
+/* In-place jobs: the number of this node's workers in the rounds it joins from now on (its
+ * live workers, less the replacements not ready yet); 0..params.nproc. */
+void rg_rdzv_set_nproc(rg_rdzv_t *rdzv, int nproc);
 /* Moves the job to the next round (a no-op if another agent already did). */
 rg_status_t rg_rdzv_next_round(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
 /* Records that this node's workers all finished successfully in the current round. */

@@ -13,6 +13,13 @@
  *   }
  *   rg_train_finalize(ctx);                         // waits for the last checkpoint
  *
+ * In place (`regroup --recovery=in-place`, params.in_place): the program keeps its state in
+ * memory through failures. When a collective returns RG_EPEER (a peer died) or rg_report
+ * returns RG_EMEMBERS (a planned change), it calls rg_train_regroup, which puts it in the
+ * next round with the state every member agrees on, and goes on from the step it returns.
+ * A replacement worker (rg_train_joining) calls rg_train_regroup once it is ready, instead of
+ * restoring a checkpoint: it receives the state from a survivor.
+ *
  * A context belongs to one thread. Every call documents whether it blocks. A call marked
  * "collective" must be made by every rank of the round, in the same order (it communicates
  * with the other ranks through the context's group, or cannot complete without them); a rank
@@ -41,6 +48,11 @@ typedef struct {
     int64_t     comm_timeout_ms; /* the group's timeout_ms (each communication operation's
                                     default); 0 = $REGROUP_COMM_TIMEOUT_MS or 30000 */
     size_t      staging_bytes;   /* checkpoint staging buffer to allocate up front; 0 = lazy */
+    bool        in_place;        /* the program regroups in place (rg_train_regroup on
+                                    RG_EPEER and RG_EMEMBERS): under `regroup
+                                    --recovery=in-place` its agent then keeps it alive
+                                    through failures; without it (or in restart mode) a
+                                    failure restarts the job */
 } rg_train_params_t;
 
 /*
@@ -155,6 +167,9 @@ typedef enum {
 
 typedef struct {
     unsigned kinds;     /* bits (1u << rg_notice_kind_t) of what some rank's agent posted */
+    unsigned own;       /* the bits this rank's own agent posted: RG_NOTICE_PREEMPT here means
+                           this rank's node is the one that leaves (in an in-place job the
+                           agents that stay post RG_NOTICE_MEMBERS for a leaving peer) */
     int64_t  ms_left;   /* the least time left over the ranks, now; -1: no deadline */
 } rg_notice_t;
 
@@ -208,6 +223,63 @@ rg_status_t rg_train_restore(rg_train_ctx_t *ctx, int64_t step, const rg_ckpt_re
                              size_t n_reqs, rg_data_cursor_t *cursor, int64_t *step_p)
     RG_TRAIN_NODISCARD;
 
+/* ---- in place ------------------------------------------------------------------------- */
+
+/* Whether this worker recovers in place: params.in_place, under `regroup
+ * --recovery=in-place`. Never blocks. */
+bool rg_train_in_place(const rg_train_ctx_t *ctx);
+/* Whether this worker is a replacement that is in no round yet: it must call
+ * rg_train_regroup (to receive the state) before any collective. Never blocks. */
+bool rg_train_joining(const rg_train_ctx_t *ctx);
+
+/* One buffer of the replicated state: the same bytes on every rank at a step. */
+typedef struct {
+    void  *data;
+    size_t bytes;
+} rg_train_buf_t;
+
+typedef struct {
+    /* in (a replacement's are ignored; its buffers get the state) */
+    int64_t          step;       /* the steps this rank's state holds (completed), >= 0 */
+    rg_train_buf_t  *bufs;       /* the replicated state: overwritten with the source's */
+    size_t           n_bufs;     /* same count and sizes on every rank */
+    rg_data_cursor_t cursor;     /* where the data stream goes on from that state */
+    /* out */
+    int              rank;       /* in the new round */
+    int              world;
+    int              round;
+    int64_t          step_out;   /* the step every member continues from */
+    int              source;     /* the rank (new numbering) whose state every member took */
+    bool             received;   /* this rank's buffers were overwritten from the source */
+} rg_train_regroup_t;
+
+/*
+ * In place. Called by every member after a collective returned RG_EPEER (a peer died; the
+ * group is unusable) or rg_report returned RG_EMEMBERS with RG_NOTICE_MEMBERS (a planned
+ * change: a replacement is ready, a member was lost), and by a replacement (rg_train_joining)
+ * once it is ready. Leaves the old group without waiting for a checkpoint in flight (it
+ * commits in the background with the old group's checkpointer, or, waiting for a dead peer's
+ * shard, fails at its commit deadline and is never visible), waits for the next round its agent joined (its page's assignment: the
+ * new rank and world size; survivors never wait for a replacement that is not ready: it joins
+ * at a later step boundary), builds the new group, and agrees on the state: the members
+ * exchange their steps, the newest wins (a survivor that finished the failed step's
+ * allreduce holds a valid newer state; the lowest rank holding it is the source) and it is
+ * broadcast over the group to every member, with its data cursor (the cursor is global: its
+ * shards follow from the new rank and world size). Then a new checkpointer for the new rank
+ * and world. Sharded state (a slice only one rank holds) is not carried: keep the state
+ * replicated, or use restart mode.
+ *
+ * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
+ * max(3 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
+ * none, and the job restarts); a member that fails
+ * during the regroup makes it start over (another round), within the same deadline. On
+ * failure (no member holds a state, the deadline passed, the agent is gone: RG_ELEASE) it
+ * asks its agent to restart the job from its last checkpoint and returns the error: the
+ * worker should then exit non-zero. RG_ENOTSUP when the worker does not recover in place;
+ * RG_EINVAL on bad arguments or when the members' buffers differ in count or size.
+ */
+rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs) RG_TRAIN_NODISCARD;
+
 /* ---- single-machine trainer ------------------------------------------------------------ */
 
 typedef rg_status_t (*rg_train_fn_t)(rg_train_ctx_t *ctx, void *arg);
@@ -218,6 +290,7 @@ typedef struct {
     bool        use_gpu;         /* refused with RG_ENOTSUP: workers run on CPUs only */
     const char *ckpt_root;       /* required */
     unsigned    keep_last;       /* checkpoints kept; 0 = 3 */
+    bool        in_place;        /* --recovery=in-place: fn regroups (rg_train_regroup) */
     int         argc;            /* the program's own arguments, re-used for the workers */
     char      **argv;
 } rg_scaling_config_t;

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# What a worker SIGKILL costs in each recovery mode. Runs rg-exact under `regroup --standalone`
+# with 4 workers, rank 1 SIGKILLing itself at step 40 (of 75), in restart and in-place mode,
+# interleaved (the order alternates each repetition), and from rank 0's step log (the wall
+# time each step completed) takes, per run:
+#   pause_s   the longest gap between two completed steps, less the run's median gap
+#   redone    steps completed more than once (restart mode redoes those since the checkpoint)
+#   job_s     the whole job's wall time (regroup started to exited)
+# Prints one JSON line per mode: the medians over the repetitions (>= 5), with min and max,
+# and one line with the per-pair ratio of job times (in-place / restart). A run that does not
+# end with exact=1 fails the benchmark. Holds /tmp/regroup-bench.lock so that no two
+# benchmarks run at once.
+#
+#   bench/rg-bench-recovery.sh [--build DIR] [--reps N] [--work W] [-n WORKERS]
+set -euo pipefail
+if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
+    RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+build="$here/../build"
+reps=5
+work=20000
+n=4
+while (($#)); do
+    case "$1" in
+        --build) build=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --work) work=$2; shift 2 ;;
+        -n) n=$2; shift 2 ;;
+        *) echo "usage: $0 [--build DIR] [--reps N] [--work W] [-n WORKERS]" >&2; exit 2 ;;
+    esac
+done
+((reps >= 5)) || { echo "--reps must be at least 5 (medians of 5 or more)" >&2; exit 2; }
+[[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
+    echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
+out=$(mktemp -d /tmp/rg-bench-recovery.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+export UCX_NET_DEVICES=lo
+
+run() { # $1 = mode (restart|in-place), $2 = repetition
+    local d="$out/$1-$2"
+    mkdir -p "$d/ckpt"
+    local t0 t1
+    t0=$(date +%s%N)
+    REGROUP_CKPT_DIR="$d/ckpt" timeout 300 "$build/regroup" --standalone \
+        --nproc-per-node="$n" --max-restarts=3 --recovery="$1" \
+        "$build/examples/rg-exact" --work "$work" --kill-at 40 --kill-rank 1 \
+        --step-log "$d/steps.txt" >"$d/log" 2>&1 || { echo "run $1 $2 failed:" >&2;
+                                                     tail -20 "$d/log" >&2; exit 1; }
+    t1=$(date +%s%N)
+    grep -q "exact=1" "$d/log" || { echo "run $1 $2: not exact" >&2; exit 1; }
+    echo "$1 $2 $(( (t1 - t0) / 1000000 ))" >>"$out/jobs.txt"
+}
+
+for ((r = 0; r < reps; r++)); do
+    if ((r % 2 == 0)); then run restart "$r"; run in-place "$r"; else run in-place "$r"; run restart "$r"; fi
+done
+
+/usr/bin/python3 - "$out" "$reps" "$n" "$work" <<'EOF'
+import json, os, statistics, sys
+out, reps, n, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+jobs = {}
+for line in open(os.path.join(out, "jobs.txt")):
+    mode, rep, ms = line.split()
+    jobs[(mode, int(rep))] = int(ms) / 1000.0
+def one(mode, rep):
+    steps = [tuple(map(int, l.split())) for l in open(os.path.join(out, f"{mode}-{rep}", "steps.txt"))]
+    times = [t for _, t in steps]
+    gaps = [(b - a) / 1000.0 for a, b in zip(times, times[1:])]
+    normal = statistics.median(gaps)
+    redone = len(steps) - len({s for s, _ in steps})
+    return max(gaps) - normal, redone, normal
+def stats(xs):
+    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
+            "max": round(max(xs), 4)}
+for mode in ("restart", "in-place"):
+    runs = [one(mode, r) for r in range(reps)]
+    print(json.dumps({"bench": "recovery", "fault": "worker-sigkill", "mode": mode,
+                      "workers": n, "work": work, "reps": reps,
+                      "pause_s": stats([p for p, _, _ in runs]),
+                      "steps_redone": stats([d for _, d, _ in runs]),
+                      "step_s": stats([s for _, _, s in runs]),
+                      "job_s": stats([jobs[(mode, r)] for r in range(reps)])}))
+ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
+print(json.dumps({"bench": "recovery", "fault": "worker-sigkill", "job_time_ratio_in_place_over_restart": stats(ratios)}))
+EOF

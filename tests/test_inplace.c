@@ -1,0 +1,329 @@
+/*
+ * In-place recovery (`regroup --recovery=in-place`) through real processes, a real etcd and
+ * real UCX: rg-exact ends with the exact expected vector after a worker is SIGKILLed between
+ * steps, in the middle of an allreduce, twice in a row, and after a whole node (its agent) is
+ * SIGKILLed; the survivors keep their processes (their pids finish the job), nobody resumes
+ * from a checkpoint, and no process is left behind. Losing a node below the minimum ends the
+ * job with a clear error within the join timeout. A program that does not regroup in place
+ * is recovered by restarting, with a warning. rg-fmnist and rg_trainer_fit recover in place.
+ */
+#include "test_util.h"
+
+#include <regroup/ckpt.h>
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_PIDS 64
+
+static char dir[256];
+static char ckpt[300];
+static test_etcd_t etcd;
+
+static void setup(void)
+{
+    test_tmpdir(dir, sizeof(dir), "inplace");
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+}
+
+static void teardown(void)
+{
+    test_etcd_down(&etcd);
+    test_rmtree(dir);
+}
+
+static void log_path(const char *name, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s.log", dir, name);
+}
+
+/* The number of committed checkpoints under root: those with a MANIFEST. */
+static size_t committed_steps(const char *root)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
+        return 0;
+    }
+    free(steps);
+    return n;
+}
+
+static pid_t spawn(const char *name, char *const argv[])
+{
+    char log[400];
+    log_path(name, log, sizeof(log));
+    return test_spawn(argv, log);
+}
+
+static bool log_has(const char *name, const char *text)
+{
+    char path[400];
+    log_path(name, path, sizeof(path));
+    return test_file_contains(path, text);
+}
+
+/* The workers' pids, from rg-exact's "rank R: pid P started (joining J)" and "rank R: pid P
+ * finished" lines. */
+typedef struct {
+    int  n_started;
+    int  started[MAX_PIDS];
+    bool joining[MAX_PIDS];
+    int  n_finished;
+    int  finished[MAX_PIDS];
+} pids_t;
+
+static void read_pids(const char *name, pids_t *p)
+{
+    char path[400];
+    char line[512];
+    memset(p, 0, sizeof(*p));
+    log_path(name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int rank;
+        int pid;
+        int joining;
+        const char *s = strstr(line, "rank ");
+        if (s == NULL) {
+            continue;
+        }
+        if (sscanf(s, "rank %d: pid %d started (joining %d)", &rank, &pid, &joining) == 3 &&
+            p->n_started < MAX_PIDS) {
+            p->joining[p->n_started] = joining != 0;
+            p->started[p->n_started++] = pid;
+        } else if (strstr(s, " finished") != NULL &&
+                   sscanf(s, "rank %d: pid %d", &rank, &pid) == 2 && p->n_finished < MAX_PIDS) {
+            p->finished[p->n_finished++] = pid;
+        }
+    }
+    fclose(f);
+}
+
+/* Whether pid started as one of the first workers (not a replacement). */
+static bool original(const pids_t *p, int pid)
+{
+    for (int i = 0; i < p->n_started; i++) {
+        if (p->started[i] == pid) {
+            return !p->joining[i];
+        }
+    }
+    return false;
+}
+
+/* The job's worker processes are all gone, and at least `survivors` of the first workers
+ * finished it (their processes kept through the failures). */
+static void check_pids(const char *name, int world, int survivors)
+{
+    pids_t p;
+    int kept = 0;
+    read_pids(name, &p);
+    ck_assert_msg(p.n_finished == world, "%d workers finished, not %d", p.n_finished, world);
+    for (int i = 0; i < p.n_finished; i++) {
+        kept += original(&p, p.finished[i]) ? 1 : 0;
+    }
+    ck_assert_msg(kept >= survivors, "%d of the first workers finished the job, not %d", kept,
+                  survivors);
+    for (int i = 0; i < p.n_started; i++) {
+        ck_assert_msg(test_pid_gone(p.started[i], 10000), "worker pid %d is left behind",
+                      p.started[i]);
+    }
+}
+
+/* rg-exact on one node of `world` workers, in place; extra: its fault options. */
+static void run_one_node(const char *name, int world, char *const *extra, int n_extra)
+{
+    char np[32];
+    char *argv[32] = {REGROUP_BIN, "--standalone", np, "--max-restarts=3",
+                      "--recovery=in-place", RG_EXACT_BIN, "--work", "3000"};
+    int n = 8;
+    snprintf(np, sizeof(np), "--nproc-per-node=%d", world);
+    for (int i = 0; i < n_extra; i++) {
+        argv[n++] = extra[i];
+    }
+    argv[n] = NULL;
+    pid_t pid = spawn(name, argv);
+    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
+    ck_assert_msg(log_has(name, "regrouped: "), "%s: nobody regrouped", name);
+    ck_assert_msg(!log_has(name, "resumed from step"), "%s: resumed from a checkpoint", name);
+}
+
+START_TEST(test_inplace_kill_between_steps)
+{
+    char *extra[] = {"--kill-at", "32", "--kill-rank", "1"};
+    run_one_node("between", 4, extra, 4);
+    ck_assert(log_has("between", "killing myself at step 32"));
+    ck_assert(log_has("between", "received from rank"));
+    ck_assert(log_has("between", "pid") && log_has("between", "started (joining 1)"));
+    check_pids("between", 4, 3);
+}
+END_TEST
+
+START_TEST(test_inplace_kill_in_allreduce)
+{
+    char *extra[] = {"--kill-at", "27", "--kill-rank", "2", "--kill-in-allreduce"};
+    run_one_node("allreduce", 4, extra, 5);
+    ck_assert(log_has("allreduce", "killing myself in the allreduce of step 27"));
+    check_pids("allreduce", 4, 3);
+}
+END_TEST
+
+START_TEST(test_inplace_two_faults)
+{
+    char *extra[] = {"--kill-at", "20", "--kill-again", "45", "--kill-rank", "1"};
+    run_one_node("two", 3, extra, 6);
+    ck_assert(log_has("two", "killing myself at step 20"));
+    ck_assert(log_has("two", "killing myself at step 45"));
+    pids_t p;
+    read_pids("two", &p);
+    ck_assert_int_eq(p.n_started, 5);   /* 3, then a replacement for each fault */
+    check_pids("two", 3, 1);   /* the second fault's rank 1 may be the first replacement */
+}
+END_TEST
+
+/* Two agents of 2 workers on 127.0.0.1; the second one's agent is SIGKILLed mid-run. */
+static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
+{
+    char ep[600];
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=node", (char *)nnodes, "--nproc-per-node=2",
+                    "--max-restarts=3", "--recovery=in-place",
+                    /* a long last call: both nodes are in the first round, however late
+                     * the second one starts on a busy machine (a node that joins later is
+                     * taken by restarting) */
+                    "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8",
+                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
+    *a = spawn("a", argv);
+    *b = spawn("b", argv);
+    /* Mid-run: both nodes' ranks are training once a checkpoint is committed. */
+    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+                    "no checkpoint committed within 60 s: the job does not run");
+    ck_assert_int_eq(kill(*b, SIGKILL), 0);
+    ck_assert_int_eq(test_wait_exit(*b, 10000), 128 + SIGKILL);
+}
+
+START_TEST(test_inplace_node_loss)
+{
+    pid_t a;
+    pid_t b;
+    two_nodes("--nnodes=1:2", &a, &b);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world size 2");
+    ck_assert(log_has("a", "regrouped: "));
+    ck_assert(!log_has("a", "resumed from step"));
+    check_pids("a", 2, 2);
+}
+END_TEST
+
+START_TEST(test_inplace_below_min)
+{
+    pid_t a;
+    pid_t b;
+    two_nodes("--nnodes=2", &a, &b);
+    /* Bounded: the lease TTL, then the join timeout (8 s). */
+    ck_assert_int_eq(test_wait_exit(a, 60000), 1);
+    ck_assert_msg(log_has("a", "did not close within the join timeout"),
+                  "no clear failure when the job fell below its minimum");
+    pids_t p;
+    read_pids("a", &p);
+    for (int i = 0; i < p.n_started; i++) {
+        ck_assert_msg(test_pid_gone(p.started[i], 10000), "worker pid %d is left behind",
+                      p.started[i]);
+    }
+}
+END_TEST
+
+/* A program without the worker API: the first failure restarts the job, with a warning. */
+START_TEST(test_inplace_non_api_worker)
+{
+    char marker[400];
+    char script[900];
+    snprintf(marker, sizeof(marker), "%s/failed-once", dir);
+    snprintf(script, sizeof(script), "test -e %s && exit 0; touch %s; exit 3", marker, marker);
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                    "--recovery=in-place", "--no-python", "/bin/sh", "-c", script, NULL};
+    ck_assert_int_eq(test_wait_exit(spawn("plain", argv), 60000), 0);
+    ck_assert(log_has("plain", "--recovery=in-place: local rank"));
+    ck_assert(log_has("plain", "the job restarts as with --recovery=restart"));
+}
+END_TEST
+
+/* rg_trainer_fit with rg_scaling_config_t.in_place: the same recovery from inside a program. */
+START_TEST(test_inplace_trainer_fit)
+{
+    char *argv[] = {RG_EXACT_BIN, "--trainer", "3", "--trainer-in-place", "--ckpt-root", ckpt,
+                    "--kill-at", "22", "--kill-rank", "1", "--work", "3000", NULL};
+    ck_assert_int_eq(test_wait_exit(spawn("trainer", argv), 120000), 0);
+    ck_assert(log_has("trainer", "killing myself at step 22"));
+    ck_assert(log_has("trainer", "regrouped: "));
+    ck_assert(!log_has("trainer", "resumed from step"));
+    ck_assert(log_has("trainer", "exact=1"));
+    check_pids("trainer", 3, 2);
+}
+END_TEST
+
+/* rg-fmnist in place: the survivors carry on at world 2, the replacement joins with the
+ * parameters and Adam state received from a survivor, and the model still learns. */
+START_TEST(test_inplace_fmnist)
+{
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=3", "--max-restarts=2",
+                    "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
+                    "100", "--kill-at", "300", "--kill-rank", "1", NULL};
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    ck_assert_int_eq(test_wait_exit(spawn("fmnist", argv), 240000), 0);
+    ck_assert(log_has("fmnist", "killing myself at step 300"));
+    ck_assert_msg(log_has("fmnist", "regrouped in place (a peer failed): round 1 world 2"),
+                  "the survivors did not carry on at world 2");
+    ck_assert(log_has("fmnist", "received from rank"));
+    ck_assert(!log_has("fmnist", "resumed from checkpoint"));
+    ck_assert(log_has("fmnist", "test_accuracy=0.8"));
+}
+END_TEST
+
+/* --print-config shows the choice and where it came from. */
+START_TEST(test_inplace_print_config)
+{
+    char out[8192];
+    char log[400];
+    log_path("config", log, sizeof(log));
+    char *argv[] = {REGROUP_BIN, "--print-config", "--standalone", "--recovery=in-place", NULL};
+    ck_assert_int_eq(test_run_output(argv, log, 10000, out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "recovery") != NULL && strstr(out, "in-place") != NULL, "%s",
+                  out);
+    char *bad[] = {REGROUP_BIN, "--print-config", "--recovery=sometimes", NULL};
+    log_path("config-bad", log, sizeof(log));
+    ck_assert_int_eq(test_run_output(bad, log, 10000, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "expected restart or in-place") != NULL, "%s", out);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("inplace");
+    TCase *tc = tcase_create("inplace");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 200);
+    tcase_add_test(tc, test_inplace_print_config);
+    tcase_add_test(tc, test_inplace_kill_between_steps);
+    tcase_add_test(tc, test_inplace_kill_in_allreduce);
+    tcase_add_test(tc, test_inplace_two_faults);
+    tcase_add_test(tc, test_inplace_node_loss);
+    tcase_add_test(tc, test_inplace_below_min);
+    tcase_add_test(tc, test_inplace_non_api_worker);
+    tcase_add_test(tc, test_inplace_trainer_fit);
+    tcase_add_test(tc, test_inplace_fmnist);
+    suite_add_tcase(s, tc);
+    return test_main("test_inplace", s, NULL);
+}

@@ -1,0 +1,371 @@
+/*
+ * In-place recovery on the worker's side: rg_train_regroup (<regroup/train.h>).
+ *
+ * The agent tells its workers where they are through the notice page's assignment (the round
+ * its node joined, the world size and each local rank's global rank: launcher_inplace.c).
+ * A regroup is:
+ *
+ *   1. leave the old group (after a peer failure it is unusable); a checkpoint in flight
+ *      is not waited for: it finishes in the background with its old checkpointer (kept in
+ *      ctx->retired, released once it ended), or fails at its commit deadline when it waits
+ *      for a dead peer's shard (never committed, never visible);
+ *   2. wait for an assignment newer than this worker's round that includes it;
+ *   3. build that round's group (its wire-up keys are the round's own);
+ *   4. agree on the state: an allgather of every member's step; the newest wins, its lowest
+ *      rank is the source; the source broadcasts a header (buffer count, total bytes, cursor)
+ *      and then every buffer. Receivers take them into scratch memory first and copy them
+ *      only once all arrived, so a source that dies mid-transfer leaves their state as it
+ *      was, and the next attempt agrees again;
+ *   5. a new checkpointer for the new rank and world size.
+ *
+ * A failure in 3-4 (a member died, a wire-up that times out because the agents moved on to a
+ * newer round) starts again at 1 with whatever assignment is newest, until the deadline. If
+ * that passes, or no member holds a state, the worker asks its agent to restart the job
+ * ('X' on the agent's pipe) and returns the error.
+ */
+#include "train_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define REGROUP_TIMEOUT_MS  120000
+#define CREATE_ATTEMPT_MS   3000    /* one wire-up; then look for a newer round */
+#define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
+#define NEWER_WAIT_MS       1000    /* after a failed attempt: a newer round, or the same */
+#define HDR_WORDS           5       /* n_bufs, total bytes, cursor seed, epoch, step */
+
+bool rg_train_in_place(const rg_train_ctx_t *ctx)
+{
+    return ctx != NULL && ctx->in_place;
+}
+
+bool rg_train_joining(const rg_train_ctx_t *ctx)
+{
+    return ctx != NULL && ctx->joining;
+}
+
+void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms)
+{
+    rg_deadline_t until = rg_deadline_in_ms(wait_ms);
+    int k = 0;
+    for (int i = 0; i < ctx->n_retired; i++) {
+        rg_ckpt_save_t *save = ctx->retired[i].save;
+        if (wait_ms > 0 && !ctx->retired[i].doomed &&
+            rg_ckpt_save_wait(save, until) != RG_OK) {
+            rg_debug("waiting for the checkpoint of step %lld of an earlier group: %s",
+                     (long long)ctx->retired[i].step, rg_last_error());
+        }
+        rg_status_t st = rg_ckpt_save_status(save);
+        if (st == RG_INPROGRESS) {
+            if (wait_ms > 0) {
+                rg_warn("abandoning the checkpoint of step %lld of an earlier group: it never "
+                        "committed", (long long)ctx->retired[i].step);
+            } else {
+                ctx->retired[k++] = ctx->retired[i];
+            }
+            continue;   /* (abandoned: left to the process's exit, with its checkpointer) */
+        }
+        if (st != RG_OK) {
+            rg_info("the checkpoint of step %lld of an earlier group did not commit: %s",
+                    (long long)ctx->retired[i].step, rg_ckpt_save_error(save));
+        }
+        rg_ckpt_save_release(save);
+        rg_ckpt_destroy(ctx->retired[i].ckpt);
+    }
+    ctx->n_retired = k;
+}
+
+/* Leaves the old group and its checkpointer. A checkpoint still in flight is not waited
+ * for: with every rank alive it commits in the background, with its old checkpointer; one
+ * that waits for a dead peer's shard fails at its commit deadline, never visible. */
+static void leave_group(rg_train_ctx_t *ctx)
+{
+    train_retired_reap(ctx, 0);
+    if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) == RG_INPROGRESS &&
+        ctx->n_retired < TRAIN_RETIRED_MAX) {
+        ctx->retired[ctx->n_retired].ckpt = ctx->ckpt;
+        ctx->retired[ctx->n_retired].save = ctx->save;
+        /* a peer died: the commit waits for a shard that never comes */
+        ctx->retired[ctx->n_retired].doomed = ctx->comm == NULL ||
+                                              !rg_comm_is_healthy(ctx->comm);
+        ctx->retired[ctx->n_retired++].step = ctx->save_step;
+        ctx->save = NULL;
+        ctx->ckpt = NULL;
+    } else if (ctx->save != NULL) {
+        /* Ended, or no room left: then wait, bounded as in rg_train_finalize. */
+        if (rg_ckpt_save_status(ctx->save) == RG_INPROGRESS &&
+            rg_ckpt_save_wait(ctx->save, rg_deadline_in_ms(1000)) != RG_OK &&
+            rg_ckpt_save_status(ctx->save) == RG_INPROGRESS) {
+            rg_warn("abandoning the checkpoint of step %lld in flight: the group changed",
+                    (long long)ctx->save_step);
+            ctx->save = NULL;
+            ctx->ckpt = NULL;
+        } else {
+            rg_status_t fs = train_save_finish(ctx, RG_DEADLINE_DEFAULT);
+            if (fs != RG_OK) {
+                rg_warn("the checkpoint in flight before the regroup failed: %s",
+                        rg_last_error());
+            }
+        }
+    }
+    rg_ckpt_destroy(ctx->ckpt);
+    ctx->ckpt = NULL;
+    rg_comm_destroy(ctx->comm);
+    ctx->comm = NULL;
+}
+
+/* Waits for an assignment of round min_round or newer that includes this worker. */
+static rg_status_t wait_assignment(rg_train_ctx_t *ctx, int min_round, rg_deadline_t deadline,
+                                   rg_notice_assign_t *a)
+{
+    const struct timespec nap = {.tv_sec = 0, .tv_nsec = 1000000};
+    int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
+
+    for (uint64_t i = 0;; i++) {
+        if (rg_notice_read_assign(&ctx->notice, a) && a->round >= min_round &&
+            ctx->local_rank < a->n && a->rank[ctx->local_rank] >= 0) {
+            return RG_OK;
+        }
+        int64_t age = rg_notice_heartbeat_age_ms(&ctx->notice, rg_notice_now_ms());
+        if (age > ttl) {
+            return rg_error(RG_ELEASE, "regroup: this worker's agent has not renewed its "
+                            "membership for %lld ms: the job goes on without this node",
+                            (long long)age);
+        }
+        if (rg_deadline_passed(deadline)) {
+            return rg_error(RG_ETIMEDOUT, "regroup: no round from %d on took this worker in "
+                            "before the deadline", min_round);
+        }
+        nanosleep(&nap, NULL);   /* 1 ms: the page is a local read */
+    }
+}
+
+/* The group of round a->round, within deadline (at most one attempt's time). */
+static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
+                              rg_deadline_t deadline)
+{
+    char prefix[RDZV_KEY_MAX];
+    rg_status_t st = rdzv_keys_comm_prefix(&ctx->keys, a->round, prefix, sizeof(prefix));
+    if (st != RG_OK) {
+        return st;
+    }
+    int64_t left = rg_deadline_left_ms(deadline);
+    rg_comm_params_t cp = {.rank = a->rank[ctx->local_rank], .size = a->world,
+                           .etcd = ctx->etcd, .key_prefix = prefix,
+                           .timeout_ms = ctx->comm_timeout_ms,
+                           .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS))};
+    st = rg_comm_create(&cp, &ctx->comm);
+    if (st != RG_OK) {
+        ctx->comm = NULL;
+        return st;
+    }
+    ctx->rank = cp.rank;
+    ctx->world = cp.size;
+    ctx->round = a->round;
+    ctx->restart_count = a->restarts;
+    if (ctx->fence.on) {
+        /* The job's writes from now on are this round's (rdzv_fence.h). */
+        char agent[sizeof(ctx->fence.agent)];
+        snprintf(agent, sizeof(agent), "%s", ctx->fence.agent);
+        st = rdzv_fence_init(&ctx->fence, &ctx->keys, a->round, agent, ctx->fence.lease);
+        if (st != RG_OK) {
+            return st;
+        }
+    }
+    rg_log_set_identity(ctx->rank, ctx->round);
+    return RG_OK;
+}
+
+/* Step 4: agree on the newest state and bring every member to it. */
+static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int64_t *my_step,
+                               rg_data_cursor_t *my_cursor)
+{
+    int world = ctx->world;
+    int64_t *steps = calloc((size_t)world, sizeof(*steps));
+    size_t total = 0;
+    rg_status_t st;
+
+    if (steps == NULL) {
+        return rg_error(RG_ENOMEM, "regroup: steps");
+    }
+    for (size_t i = 0; i < rs->n_bufs; i++) {
+        total += rs->bufs[i].bytes;
+    }
+    steps[ctx->rank] = *my_step;
+    st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, steps, 1, RG_DTYPE_I64, NULL);
+    if (st != RG_OK) {
+        free(steps);
+        return st;
+    }
+    int64_t best = -1;
+    int source = -1;
+    for (int r = 0; r < world; r++) {
+        if (steps[r] > best) {
+            best = steps[r];
+            source = r;
+        }
+    }
+    free(steps);
+    if (source < 0) {
+        return rg_error(RG_ENOENT, "regroup: no member of round %d holds a state (every one "
+                        "is a replacement)", ctx->round);
+    }
+    int64_t hdr[HDR_WORDS] = {(int64_t)rs->n_bufs, (int64_t)total, (int64_t)my_cursor->seed,
+                              (int64_t)my_cursor->epoch, (int64_t)my_cursor->step};
+    st = rg_comm_broadcast(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, source, NULL);
+    if (st != RG_OK) {
+        return st;
+    }
+    int64_t ok = hdr[0] == (int64_t)rs->n_bufs && hdr[1] == (int64_t)total ? 1 : 0;
+    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN, NULL);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (!ok) {
+        return rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
+                        "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
+    }
+    bool is_source = ctx->rank == source;
+    unsigned char *scratch = NULL;
+    if (!is_source && total > 0) {
+        scratch = malloc(total);
+        if (scratch == NULL) {
+            return rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
+        }
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < rs->n_bufs && st == RG_OK; i++) {
+        void *dst = is_source ? rs->bufs[i].data : scratch + off;
+        if (rs->bufs[i].bytes > 0) {
+            st = rg_comm_broadcast(ctx->comm, dst, rs->bufs[i].bytes, RG_DTYPE_U8, source,
+                                   NULL);
+        }
+        off += rs->bufs[i].bytes;
+    }
+    if (st != RG_OK) {
+        free(scratch);   /* the group is unusable: UCX writes no more (comm.h) once destroyed */
+        return st;
+    }
+    if (!is_source) {
+        off = 0;
+        for (size_t i = 0; i < rs->n_bufs; i++) {
+            memcpy(rs->bufs[i].data, scratch + off, rs->bufs[i].bytes);
+            off += rs->bufs[i].bytes;
+        }
+        free(scratch);
+        *my_step = best;
+        *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[2], .epoch = (uint64_t)hdr[3],
+                                        .step = (uint64_t)hdr[4]};
+    }
+    rs->received = !is_source;
+    rs->source = source;
+    rs->step_out = best;
+    return RG_OK;
+}
+
+rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
+{
+    rg_status_t st = RG_OK;
+
+    if (ctx == NULL || rs == NULL || (rs->n_bufs > 0 && rs->bufs == NULL)) {
+        return rg_error(RG_EINVAL, "rg_train_regroup: NULL argument");
+    }
+    for (size_t i = 0; i < rs->n_bufs; i++) {
+        if (rs->bufs[i].bytes > 0 && rs->bufs[i].data == NULL) {
+            return rg_error(RG_EINVAL, "rg_train_regroup: buffer %zu has no data", i);
+        }
+    }
+    if (!ctx->in_place) {
+        return rg_error(RG_ENOTSUP, "rg_train_regroup: this worker does not recover in place "
+                        "(run it under regroup --recovery=in-place, with "
+                        "rg_train_params_t.in_place)");
+    }
+    if (!ctx->joining && rs->step < 0) {
+        return rg_error(RG_EINVAL, "rg_train_regroup: step < 0");
+    }
+    int ms = REGROUP_TIMEOUT_MS;
+    const char *env = getenv("REGROUP_REGROUP_TIMEOUT_MS");
+    int64_t v;
+    if (env != NULL && rg_parse_i64(env, &v) && v > 0 && v < (1 << 30)) {
+        ms = (int)v;
+    }
+    rg_deadline_t deadline = rg_deadline_in_ms(ms);
+    int64_t my_step = ctx->joining ? -1 : rs->step;
+    rg_data_cursor_t my_cursor = rs->cursor;
+    uint64_t t0 = rg_now_ns();
+    int from_round = ctx->round;
+    int min_round = ctx->round + 1;
+
+    if (ctx->joining && !ctx->said_ready) {
+        ctx->said_ready = rg_notice_msg_send(RG_NOTICE_MSG_READY, ctx->local_rank);
+        if (!ctx->said_ready) {
+            st = rg_error(RG_ESYS, "regroup: cannot tell the agent this replacement is ready");
+        }
+    }
+    for (int attempt = 0; st == RG_OK && attempt < REGROUP_ATTEMPTS; attempt++) {
+        rg_notice_assign_t a;
+        leave_group(ctx);
+        if (attempt > 0) {
+            /* After a failed attempt at round min_round - 1: a newer round if the agents form
+             * one soon (a member died), else that round again (a member was slow). */
+            rg_deadline_t soon = RG_MIN(deadline, rg_deadline_in_ms(NEWER_WAIT_MS));
+            st = wait_assignment(ctx, min_round, soon, &a);
+            if (st == RG_ETIMEDOUT && !rg_deadline_passed(deadline)) {
+                st = wait_assignment(ctx, min_round - 1, deadline, &a);
+            }
+        } else if (!ctx->joining) {
+            /* A member's failure makes its agent (or, once its lease is gone, the others)
+             * open a round within about a lease TTL. None by then: a peer stopped answering
+             * without dying (nobody forms a round for that), so the job restarts. */
+            int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
+            rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(3000, 3 * ttl)));
+            st = wait_assignment(ctx, min_round, first, &a);
+        } else {
+            st = wait_assignment(ctx, min_round, deadline, &a);   /* until survivors let it in */
+        }
+        if (st != RG_OK) {
+            break;
+        }
+        st = make_group(ctx, &a, deadline);
+        if (st == RG_OK) {
+            (void)rg_notice_msg_send(RG_NOTICE_MSG_JOINED, ctx->local_rank);
+            st = agree_state(ctx, rs, &my_step, &my_cursor);
+        }
+        if (st == RG_OK) {
+            st = train_ckpt_open(ctx);
+            if (st != RG_OK) {
+                break;
+            }
+            ctx->joining = false;
+            ctx->agreed = (rg_notice_t){.ms_left = -1};
+            rs->rank = ctx->rank;
+            rs->world = ctx->world;
+            rs->round = ctx->round;
+            rs->step = my_step;
+            rs->cursor = my_cursor;
+            rg_info("regrouped in place from round %d into round %d: rank %d of %d, step %lld "
+                    "(state from rank %d%s) in %.3f s", from_round, ctx->round, ctx->rank,
+                    ctx->world, (long long)my_step, rs->source,
+                    rs->received ? ", received" : "", (double)(rg_now_ns() - t0) / 1e9);
+            return RG_OK;
+        }
+        if (st == RG_EINVAL || st == RG_ENOENT || st == RG_ENOMEM || rg_deadline_passed(deadline)) {
+            break;
+        }
+        /* A member failed, or the wire-up waited for ranks that moved on: the agents form
+         * another round; wait for it (this attempt's round counts as left). */
+        rg_warn("regroup into round %d failed (%s): waiting for the next round", a.round,
+                rg_last_error());
+        min_round = a.round + 1;
+        st = RG_OK;
+    }
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "%s", rg_last_error());
+    if (!rg_notice_msg_send(RG_NOTICE_MSG_RESTART, ctx->local_rank)) {
+        rg_warn("cannot ask the agent to restart the job");
+    }
+    return rg_error(st != RG_OK ? st : RG_ETIMEDOUT, "in-place regroup failed, restarting the "
+                    "job from its last checkpoint: %s", msg);
+}
