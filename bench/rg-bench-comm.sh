@@ -155,14 +155,17 @@ for ((rep = 0; rep < reps; rep++)); do
     done
 done
 
-commit=$(git -C "$here/.." rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-git -C "$here/.." diff --quiet HEAD -- 2>/dev/null || commit="$commit-dirty"
-python3 - "$dir" "$reps" "$n" "${tls:-shm}" "$commit" "${impls[@]}" <<'PY'
+# the summary names the commit rg-bench-comm was built from (its JSON says), and the tree's
+# commit now, which built the OpenMPI reference and ran this script
+tree=$(git -C "$here/.." rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+git -C "$here/.." diff --quiet HEAD -- 2>/dev/null || tree="$tree-dirty"
+python3 - "$dir" "$reps" "$n" "${tls:-shm}" "$tree" "${impls[@]}" <<'PY'
 import json, statistics, sys, os
-d, reps, n, transport, commit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+d, reps, n, transport, tree = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 impls = sys.argv[6:]
 runs = {}            # impl -> rep -> bytes -> record (None: the run failed)
 build = "unknown"
+commit = "unknown"
 for impl in impls:
     runs[impl] = {}
     for rep in range(reps):
@@ -176,6 +179,7 @@ for impl in impls:
                 j = json.loads(line)
                 res[j["bytes"]] = j
                 build = j.get("build", build)
+                commit = j.get("commit", commit)
         runs[impl][rep] = res
 failed = {i: sum(1 for r in runs[i].values() if r is None) for i in impls}
 sizes = sorted({b for i in impls for r in runs[i].values() if r for b in r})
@@ -197,7 +201,7 @@ for size in sizes:
                           "busbw_GBps_median": rnd(statistics.median(bw)),
                           "busbw_GBps_min": rnd(min(bw)), "busbw_GBps_max": rnd(max(bw)),
                           "iters_median": int(statistics.median(runs[impl][r][size]["iters"] for r in rs)),
-                          "commit": commit, "build": build}))
+                          "commit": commit, "tree": tree, "build": build}))
     mpis = [i for i in impls if i != "regroup"]
     base = ok_reps("regroup", size)
     pairs = {}
@@ -221,6 +225,6 @@ for size in sizes:
                           "bytes": size, "pairs": len(v), "ratio": "regroup busbw / openmpi busbw",
                           "ratio_median": rnd(statistics.median(v)), "ratio_min": rnd(lo),
                           "ratio_max": rnd(hi), "verdict": verdict, "commit": commit,
-                          "build": build}))
+                          "tree": tree, "build": build}))
 PY
 exit $status

@@ -24,13 +24,19 @@
  * agent_sigterm (3 x 2 -> 2 x 2), agent_sigkill (3 x 2 -> 2 x 2), start_8 (8 agents,
  * MIN=MAX=8, from the last agent's start to all 8 workers running), idle_cpu (1 agent x 4
  * idle workers: the agent's CPU share in percent over --idle-seconds, 60 by default,
- * --idle-reps times, 3 by default; also the clock ticks counted).
+ * --idle-reps times, 3 by default; also the clock ticks counted), and, only when named,
+ * node_lost_kill and node_lost_freeze (3 x 2 -> 2 x 2: agent 2 and all its workers killed at
+ * once, or frozen with SIGSTOP, a hung or cut-off node), meant for --worker=ddp
+ * (bench/rg_bench_ddp_worker.py: PyTorch DDP over gloo, a real allreduce every step, so that
+ * the survivors learn of the loss through their collectives as well as through the launcher;
+ * RG_BENCH_GLOO_TIMEOUT sets its process group's timeout, PyTorch's default 1800 s).
  */
 #include "etcd_server.h"
 #include "rg_bench_meta.h"
 #include "rg_common.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -68,10 +74,22 @@ static pid_t agents[MAX_AGENTS];
 static int store_port;
 static const char *scenarios;   /* NULL: all */
 
+static bool named(const char *name);
+
+/* Every scenario but the node_lost ones (which want --worker=ddp) runs unless --scenarios
+ * names some. */
 static bool wanted(const char *name)
 {
     if (scenarios == NULL) {
-        return true;
+        return strncmp(name, "node_lost", 9) != 0;
+    }
+    return named(name);
+}
+
+static bool named(const char *name)
+{
+    if (scenarios == NULL) {
+        return false;
     }
     size_t n = strlen(name);
     for (const char *p = strstr(scenarios, name); p != NULL; p = strstr(p + 1, name)) {
@@ -354,6 +372,107 @@ static void scenario_agent(launcher_t l, int sig, int reps)
     report(l, name, v, ok, reps - ok, "s", NULL);
 }
 
+/* The processes of pid's tree: pid and every descendant (from /proc's parent links). */
+static int proc_tree(pid_t pid, pid_t *out, int max)
+{
+    int n = 0;
+    out[n++] = pid;
+    /* Bounded: each pass adds the children of those found so far; a tree is a few deep. */
+    for (int pass = 0; pass < 8; pass++) {
+        DIR *d = opendir("/proc");
+        int before = n;
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL && n < max) {
+            int64_t p;
+            char path[300];
+            int ppid = 0;
+            if (!rg_parse_i64(e->d_name, &p)) {
+                continue;
+            }
+            snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+            FILE *f = fopen(path, "r");
+            if (f == NULL) {
+                continue;
+            }
+            char buf[512];
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[len] = '\0';
+            const char *rp = strrchr(buf, ')');
+            if (rp == NULL || sscanf(rp + 1, " %*c %d", &ppid) != 1) {
+                continue;
+            }
+            bool child = false;
+            bool known = false;
+            for (int i = 0; i < n; i++) {
+                child |= out[i] == ppid;
+                known |= out[i] == (pid_t)p;
+            }
+            if (child && !known) {
+                out[n++] = (pid_t)p;
+            }
+        }
+        if (d != NULL) {
+            closedir(d);
+        }
+        if (n == before) {
+            break;
+        }
+    }
+    return n;
+}
+
+static pid_t frozen[64];
+static int n_frozen;
+
+/* A node lost with its workers: agent 2 and all its processes killed at once ("kill": the
+ * kernel closes their sockets, so the peers' collectives fail at once), or frozen ("freeze":
+ * a hung or cut-off node; the sockets stay open and the peers' collectives wait for their
+ * timeout). The survivors must regroup at world 4. */
+static void scenario_node_lost(launcher_t l, bool freeze, int reps)
+{
+    double v[MAX_REPS];
+    int ok = 0;
+    char job[96];
+    const char *name = freeze ? "node_lost_freeze" : "node_lost_kill";
+    for (int r = 0; r < reps; r++) {
+        int at;
+        new_job(job, sizeof(job), name, r);
+        if (bring_up(l, 3, 2, "2:3", job, &at) == 0) {
+            pid_t tree[64];
+            int n = proc_tree(agents[2], tree, 64);
+            for (int i = 0; i < n; i++) {
+                kill(tree[i], SIGSTOP); /* all at once: none sees another go first */
+            }
+            double t0 = wall();
+            if (freeze) {
+                memcpy(frozen, tree, (size_t)n * sizeof(pid_t));
+                n_frozen = n;
+            } else {
+                for (int i = 0; i < n; i++) {
+                    kill(tree[i], SIGKILL);
+                }
+            }
+            double t1 = wait_starts(at, 4, 4, timeout_s * 1000, NULL);
+            if (t1 > 0) {
+                v[ok++] = t1 - t0;
+            }
+        }
+        for (int i = 0; i < n_frozen; i++) {
+            kill(frozen[i], SIGKILL);
+        }
+        n_frozen = 0;
+        stop_all();
+    }
+    char extra[700];
+    snprintf(extra, sizeof(extra), "\"worker\":\"%s\",\"gloo_timeout_s\":\"%s\",",
+             strrchr(worker, '/') ? strrchr(worker, '/') + 1 : worker,
+             getenv("RG_BENCH_GLOO_TIMEOUT") && strlen(getenv("RG_BENCH_GLOO_TIMEOUT")) < 16
+                 ? getenv("RG_BENCH_GLOO_TIMEOUT")
+                 : "1800");
+    report(l, name, v, ok, reps - ok, "s", extra);
+}
+
 static void scenario_start8(launcher_t l, int reps)
 {
     double v[MAX_REPS];
@@ -461,6 +580,8 @@ int main(int argc, char **argv)
             settings_list = argv[i] + 11;
         } else if (strncmp(argv[i], "--scenarios=", 12) == 0) {
             scenarios = argv[i] + 12;
+        } else if (strcmp(argv[i], "--worker=ddp") == 0) {
+            snprintf(worker, sizeof(worker), "%s", RG_BENCH_DDP_WORKER);
         } else if (strncmp(argv[i], "--worker=", 9) == 0) {
             snprintf(worker, sizeof(worker), "%s", argv[i] + 9);
         } else {
@@ -513,6 +634,12 @@ int main(int argc, char **argv)
             }
             if (wanted("start_8")) {
                 scenario_start8((launcher_t)l, reps);
+            }
+            if (wanted("node_lost_kill")) {
+                scenario_node_lost((launcher_t)l, false, reps);
+            }
+            if (wanted("node_lost_freeze")) {
+                scenario_node_lost((launcher_t)l, true, reps);
             }
             if (wanted("idle_cpu")) {
                 scenario_idle((launcher_t)l, idle_reps, idle_seconds);
