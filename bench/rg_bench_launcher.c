@@ -126,6 +126,7 @@ static void start_agent(launcher_t l, int i, const char *nnodes, int nproc, cons
         argv[a++] = ep;
         argv[a++] = id;
         argv[a++] = "--max-restarts=1000";
+        argv[a++] = "--no-python"; /* as torchrun's --no_python: the worker runs as is */
         for (int k = 0; regroup_args[settings][k] != NULL; k++) {
             argv[a++] = (char *)regroup_args[settings][k];
         }
