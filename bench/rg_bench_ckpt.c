@@ -3,7 +3,9 @@
  *
  * State shaped like one rank's share of real training state: weights ~ N(0, 0.02) and the
  * two Adam moments (m ~ N(0, 3e-4), v ~ m^2-like positive values), in f32 and in bf16, the
- * same number of bytes each. One JSON object per dtype on stdout:
+ * same number of bytes each. Each of --runs runs makes --iters saves through a checkpointer
+ * whose staging buffer is allocated and touched at create (staging_bytes set), and prints
+ * one JSON object ("bench":"ckpt", per dtype and run) on stdout:
  *   bytes          bytes of state saved
  *   memcpy_ms      one memcpy of those bytes into an already-touched buffer, just before
  *                  each save (median)
@@ -17,13 +19,20 @@
  *   limit_GBps     min(zstd_GBps, disk_GBps * ratio): the pipeline cannot beat either
  *   save_vs_limit  median over saves of (that save's throughput / the limit measured just
  *                  before it)
+ *   save_vs_limit_of_medians  save_GBps / limit_GBps: the ratio of the run's medians
  *   ratio, ratio_noshuffle   raw / compressed bytes with and without the byte shuffle
  *   zstd_noshuffle_GBps      compression throughput without the shuffle (measured once)
  *   load_GBps      rg_ckpt_load of everything after dropping the shard from the page cache
  *   sync_write_ms  the baseline: a synchronous uncompressed write + fsync
+ * Then per dtype one "ckpt-staging0" object: the stall of the first and of the second save
+ * with the default staging_bytes = 0 (the first allocates the staging buffer and pays its
+ * page faults), and one "ckpt-summary" object: the median, min and max over the runs of
+ * save_vs_limit, save_vs_limit_of_medians, stall_vs_memcpy and save_GBps. Every object
+ * names the commit and build type.
  * Run it alone: flock /tmp/regroup-bench.lock build/bench/rg-bench-ckpt --dir DIR
  */
 #include "ckpt_measure.h"
+#include "rg_bench_meta.h"
 #include "rg_common.h"
 
 #include <regroup/ckpt.h>
@@ -172,17 +181,79 @@ static void remove_steps(const char *dir)
     rmdir(dir);
 }
 
-static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int threads)
+/* One dtype's state, filled once and saved by every run. */
+typedef struct {
+    rg_dtype_t         dtype;
+    const char        *name;
+    size_t             per;      /* elements per tensor */
+    size_t             tbytes;   /* bytes per tensor */
+    size_t             total;
+    void              *state[N_TENSORS];
+    void              *dst[N_TENSORS];
+    rg_ckpt_tensor_t   ts[N_TENSORS];
+    rg_ckpt_request_t  reqs[N_TENSORS];
+} bench_state_t;
+
+/* What one run measured, for the summary over runs. */
+typedef struct {
+    double stall_vs_memcpy;
+    double save_vs_limit;        /* median over saves of (save throughput / its limit) */
+    double save_vs_limit_medians; /* median save throughput / median limit */
+    double save_gbps;
+    double limit_gbps;
+} run_result_t;
+
+static int state_init(bench_state_t *b, size_t bytes, rg_dtype_t dtype)
+{
+    size_t esize = rg_dtype_size(dtype);
+    memset(b, 0, sizeof(*b));
+    b->dtype = dtype;
+    b->name = dtype == RG_DTYPE_F32 ? "f32" : "bf16";
+    b->per = (bytes / N_TENSORS) / esize;
+    b->tbytes = b->per * esize;
+    b->total = b->tbytes * N_TENSORS;
+    for (int t = 0; t < N_TENSORS; t++) {
+        b->state[t] = malloc(b->tbytes);
+        b->dst[t] = malloc(b->tbytes);
+        if (b->state[t] == NULL || b->dst[t] == NULL) {
+            fprintf(stderr, "rg-bench-ckpt: out of memory\n");
+            return 1;
+        }
+        fill_state(b->state[t], b->per, t, dtype);
+        memset(b->dst[t], 0, b->tbytes);
+        b->ts[t] = (rg_ckpt_tensor_t){.name = tensor_names[t], .dtype = dtype, .ndim = 2,
+                                      .shape = {b->per / 1024, 1024},
+                                      .row_count = b->per / 1024, .data = b->state[t]};
+        b->reqs[t] = (rg_ckpt_request_t){.name = tensor_names[t], .dtype = dtype,
+                                         .row_count = b->per / 1024, .dst = b->dst[t],
+                                         .dst_bytes = (b->per / 1024) * 1024 * esize};
+    }
+    return 0;
+}
+
+static void state_free(bench_state_t *b)
+{
+    for (int t = 0; t < N_TENSORS; t++) {
+        free(b->state[t]);
+        free(b->dst[t]);
+    }
+}
+
+static double memcpy_state(bench_state_t *b)
+{
+    uint64_t t0 = rg_now_ns();
+    for (int t = 0; t < N_TENSORS; t++) {
+        memcpy(b->dst[t], b->state[t], b->tbytes);
+    }
+    return ms_since(t0);
+}
+
+static int run(const char *root, bench_state_t *b, int iters, int threads, int run_no,
+               run_result_t *res)
 {
     char dir[2048];
-    size_t esize = rg_dtype_size(dtype);
-    size_t per = (bytes / N_TENSORS) / esize;    /* elements per tensor */
-    size_t tbytes = per * esize;
-    size_t total = tbytes * N_TENSORS;
-    void *state[N_TENSORS];
-    void *dst[N_TENSORS];
-    rg_ckpt_tensor_t ts[N_TENSORS];
-    rg_ckpt_request_t reqs[N_TENSORS];
+    const size_t total = b->total;
+    const rg_dtype_t dtype = b->dtype;
     rg_ckpt_params_t params = {.rank = 0, .world_size = 1, .threads = threads,
                                .staging_bytes = total + 64 * N_TENSORS, .keep_last = 1};
     rg_ckpt_t *ck = NULL;
@@ -202,28 +273,12 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
     int64_t step = 0;
     int rc = 1;
 
-    snprintf(dir, sizeof(dir), "%s/%s", root, dtype == RG_DTYPE_F32 ? "f32" : "bf16");
+    snprintf(dir, sizeof(dir), "%s/%s", root, b->name);
     params.root = dir;
-    for (int t = 0; t < N_TENSORS; t++) {
-        state[t] = malloc(tbytes);
-        dst[t] = malloc(tbytes);
-        if (state[t] == NULL || dst[t] == NULL) {
-            fprintf(stderr, "rg-bench-ckpt: out of memory\n");
-            return 1;
-        }
-        fill_state(state[t], per, t, dtype);
-        memset(dst[t], 0, tbytes);
-        ts[t] = (rg_ckpt_tensor_t){.name = tensor_names[t], .dtype = dtype, .ndim = 2,
-                                   .shape = {per / 1024, 1024}, .row_count = per / 1024,
-                                   .data = state[t]};
-        reqs[t] = (rg_ckpt_request_t){.name = tensor_names[t], .dtype = dtype,
-                                      .row_count = per / 1024, .dst = dst[t],
-                                      .dst_bytes = (per / 1024) * 1024 * esize};
-    }
     /* The baseline: a plain write + fsync of the same bytes, best of 2 (the disk is shared). */
     for (int i = 0; i < 2; i++) {
         double ms;
-        if (sync_write(root, state, N_TENSORS, tbytes, &ms) != 0) {
+        if (sync_write(root, b->state, N_TENSORS, b->tbytes, &ms) != 0) {
             perror("rg-bench-ckpt: sync write");
             goto out;
         }
@@ -231,7 +286,7 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
     }
     for (int t = 0; t < N_TENSORS; t++) {
         ckpt_measure_t m;
-        if (ckpt_measure_compress(state[t], tbytes, dtype, false, 1, threads, 4u << 20,
+        if (ckpt_measure_compress(b->state[t], b->tbytes, dtype, false, 1, threads, 4u << 20,
                                   &m) != RG_OK) {
             fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
             goto out;
@@ -252,8 +307,8 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
         comp_s = 0;
         for (int t = 0; t < N_TENSORS; t++) {
             ckpt_measure_t m;
-            if (ckpt_measure_compress(state[t], tbytes, dtype, true, 1, threads, 4u << 20,
-                                      &m) != RG_OK) {
+            if (ckpt_measure_compress(b->state[t], b->tbytes, dtype, true, 1, threads,
+                                      4u << 20, &m) != RG_OK) {
                 fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
                 goto out;
             }
@@ -262,14 +317,10 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
         }
         zstd_gbps[i] = (double)total / comp_s * 1e-9;
         /* Likewise the memcpy the stall is compared with. */
-        t0 = rg_now_ns();
-        for (int t = 0; t < N_TENSORS; t++) {
-            memcpy(dst[t], state[t], tbytes);
-        }
-        copy_ms[i] = ms_since(t0);
+        copy_ms[i] = memcpy_state(b);
         t0 = rg_now_ns();
         step++;
-        if (rg_ckpt_save(ck, step, ts, N_TENSORS, 0, &sv) != RG_OK) {
+        if (rg_ckpt_save(ck, step, b->ts, N_TENSORS, 0, &sv) != RG_OK) {
             fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
             goto out;
         }
@@ -285,56 +336,153 @@ static int run(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int 
         rg_ckpt_save_release(sv);
     }
     drop_cache(dir, step);
+    for (int t = 0; t < N_TENSORS; t++) {
+        memset(b->dst[t], 0, b->tbytes);
+    }
     {
         uint64_t t0 = rg_now_ns();
-        if (rg_ckpt_load(dir, step, reqs, N_TENSORS, NULL) != RG_OK) {
+        if (rg_ckpt_load(dir, step, b->reqs, N_TENSORS, NULL) != RG_OK) {
             fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
             goto out;
         }
         load_ms = ms_since(t0);
     }
     for (int t = 0; t < N_TENSORS; t++) {
-        if (memcmp(dst[t], state[t], reqs[t].dst_bytes) != 0) {
+        if (memcmp(b->dst[t], b->state[t], b->reqs[t].dst_bytes) != 0) {
             fprintf(stderr, "rg-bench-ckpt: loaded %s differs\n", tensor_names[t]);
             goto out;
         }
     }
     {
-        double st_ms = median(stall, iters);
-        double memcpy_ms = median(copy_ms, iters);
-        double st_vs = median(stall_vs, iters);
         double ratio = (double)total / (double)comp;
         double disk_gbps = (double)total / sync_ms * 1e-6;
         for (int i = 0; i < iters; i++) {
             double lim = RG_MIN(zstd_gbps[i], disk_gbps * ratio);
             vs_limit[i] = (double)total / save_s[i] * 1e-9 / lim;
         }
+        /* median() sorts its argument: every per-save series is paired before this point */
+        double st_ms = median(stall, iters);
+        double memcpy_ms = median(copy_ms, iters);
+        double st_vs = median(stall_vs, iters);
         double save_gbps = (double)total / median(save_s, iters) * 1e-9;
         double total_ms = median(total_s, iters) * 1e3;
         double zstd = median(zstd_gbps, iters);
         double limit = RG_MIN(zstd, disk_gbps * ratio);
         double vs = median(vs_limit, iters);
-        printf("{\"bench\":\"ckpt\",\"dtype\":\"%s\",\"bytes\":%zu,\"threads\":%d,"
-               "\"chunk_bytes\":%u,\"level\":1,\"iters\":%d,"
+        *res = (run_result_t){.stall_vs_memcpy = st_vs, .save_vs_limit = vs,
+                              .save_vs_limit_medians = save_gbps / limit,
+                              .save_gbps = save_gbps, .limit_gbps = limit};
+        printf("{\"bench\":\"ckpt\",\"dtype\":\"%s\",\"run\":%d,\"bytes\":%zu,\"threads\":%d,"
+               "\"chunk_bytes\":%u,\"level\":1,\"iters\":%d,\"staging_bytes\":%zu,"
                "\"memcpy_ms\":%.1f,\"stall_ms\":%.1f,\"stall_vs_memcpy\":%.2f,"
-               "\"save_GBps\":%.3f,\"save_total_ms\":%.1f,\"zstd_GBps\":%.3f,\"disk_GBps\":%.3f,\"limit_GBps\":%.3f,"
-               "\"save_vs_limit\":%.2f,\"ratio\":%.3f,\"ratio_noshuffle\":%.3f,"
-               "\"zstd_noshuffle_GBps\":%.3f,"
-               "\"load_GBps\":%.3f,\"sync_write_ms\":%.1f}\n",
-               dtype == RG_DTYPE_F32 ? "f32" : "bf16", total, threads, 4u << 20, iters,
-               memcpy_ms, st_ms, st_vs, save_gbps, total_ms, zstd, disk_gbps, limit,
-               vs, ratio, (double)total / (double)comp_noshuf, (double)total / noshuf_s * 1e-9,
-               (double)total / load_ms * 1e-6, sync_ms);
+               "\"save_GBps\":%.3f,\"save_total_ms\":%.1f,\"zstd_GBps\":%.3f,\"disk_GBps\":%.3f,"
+               "\"limit_GBps\":%.3f,\"save_vs_limit\":%.2f,\"save_vs_limit_of_medians\":%.2f,"
+               "\"ratio\":%.3f,\"ratio_noshuffle\":%.3f,\"zstd_noshuffle_GBps\":%.3f,"
+               "\"load_GBps\":%.3f,\"sync_write_ms\":%.1f,%s}\n",
+               b->name, run_no, total, threads, 4u << 20, iters, params.staging_bytes,
+               memcpy_ms, st_ms, st_vs, save_gbps, total_ms, zstd, disk_gbps, limit, vs,
+               save_gbps / limit, ratio, (double)total / (double)comp_noshuf,
+               (double)total / noshuf_s * 1e-9, (double)total / load_ms * 1e-6, sync_ms,
+               RG_BENCH_META);
         fflush(stdout);
     }
     rc = 0;
 out:
     rg_ckpt_destroy(ck);
     remove_steps(dir);
-    for (int t = 0; t < N_TENSORS; t++) {
-        free(state[t]);
-        free(dst[t]);
+    return rc;
+}
+
+/* With the default staging_bytes = 0 the first save allocates the staging buffer and pays its
+ * page faults inside the stall; the second reuses it. Each compared with a memcpy into an
+ * already-touched buffer measured just before it. */
+static int first_save(const char *root, bench_state_t *b, int threads)
+{
+    char dir[2048];
+    rg_ckpt_params_t params = {.rank = 0, .world_size = 1, .threads = threads,
+                               .staging_bytes = 0, .keep_last = 1};
+    rg_ckpt_t *ck = NULL;
+    double stall[2];
+    double copy[2];
+    int rc = 1;
+    snprintf(dir, sizeof(dir), "%s/%s-staging0", root, b->name);
+    params.root = dir;
+    if (rg_ckpt_create(&params, &ck) != RG_OK) {
+        fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+        goto out;
     }
+    for (int i = 0; i < 2; i++) {
+        rg_ckpt_save_t *sv;
+        copy[i] = memcpy_state(b);
+        uint64_t t0 = rg_now_ns();
+        if (rg_ckpt_save(ck, i + 1, b->ts, N_TENSORS, 0, &sv) != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            goto out;
+        }
+        stall[i] = ms_since(t0);
+        rg_status_t st = rg_ckpt_save_wait(sv, 0);
+        rg_ckpt_save_release(sv);
+        if (st != RG_OK) {
+            fprintf(stderr, "rg-bench-ckpt: %s\n", rg_last_error());
+            goto out;
+        }
+    }
+    printf("{\"bench\":\"ckpt-staging0\",\"dtype\":\"%s\",\"bytes\":%zu,\"staging_bytes\":0,"
+           "\"first_stall_ms\":%.1f,\"first_memcpy_ms\":%.1f,\"first_stall_vs_memcpy\":%.2f,"
+           "\"second_stall_ms\":%.1f,\"second_memcpy_ms\":%.1f,\"second_stall_vs_memcpy\":%.2f,"
+           "%s}\n",
+           b->name, b->total, stall[0], copy[0], stall[0] / copy[0], stall[1], copy[1],
+           stall[1] / copy[1], RG_BENCH_META);
+    fflush(stdout);
+    rc = 0;
+out:
+    rg_ckpt_destroy(ck);
+    remove_steps(dir);
+    return rc;
+}
+
+static void summary_field(const char *name, double *v, int n, const char *sep)
+{
+    double s[64];
+    memcpy(s, v, (size_t)n * sizeof(*v));
+    qsort(s, (size_t)n, sizeof(*s), cmp_double);
+    printf("\"%s_median\":%.2f,\"%s_min\":%.2f,\"%s_max\":%.2f%s", name, median(s, n), name, s[0],
+           name, s[n - 1], sep);
+}
+
+static int run_dtype(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int threads,
+                     int runs)
+{
+    bench_state_t b;
+    run_result_t res[64];
+    double v[4][64];
+    int ok = 0;
+    int rc = state_init(&b, bytes, dtype);
+    for (int r = 0; r < runs && rc == 0; r++) {
+        rc = run(root, &b, iters, threads, r, &res[ok]);
+        ok += rc == 0;
+    }
+    if (rc == 0) {
+        rc = first_save(root, &b, threads);
+    }
+    if (ok > 0) {
+        for (int r = 0; r < ok; r++) {
+            v[0][r] = res[r].save_vs_limit;
+            v[1][r] = res[r].save_vs_limit_medians;
+            v[2][r] = res[r].stall_vs_memcpy;
+            v[3][r] = res[r].save_gbps;
+        }
+        printf("{\"bench\":\"ckpt-summary\",\"dtype\":\"%s\",\"bytes\":%zu,\"runs\":%d,"
+               "\"failed_runs\":%d,\"saves_per_run\":%d,",
+               b.name, b.total, ok, runs - ok, iters);
+        summary_field("save_vs_limit", v[0], ok, ",");
+        summary_field("save_vs_limit_of_medians", v[1], ok, ",");
+        summary_field("stall_vs_memcpy", v[2], ok, ",");
+        summary_field("save_GBps", v[3], ok, ",");
+        printf("%s}\n", RG_BENCH_META);
+        fflush(stdout);
+    }
+    state_free(&b);
     return rc;
 }
 
@@ -344,6 +492,7 @@ int main(int argc, char **argv)
     int64_t mib = 512;
     int64_t iters = 3;
     int64_t threads = 2;
+    int64_t runs = 3;
     const char *dtypes = "f32,bf16";
     size_t bytes;
     int rc = 0;
@@ -358,11 +507,13 @@ int main(int argc, char **argv)
                    iters > 0 && iters <= MAX_ITERS) {
         } else if (strcmp(argv[i], "--threads") == 0 && more &&
                    rg_parse_i64(argv[++i], &threads) && threads > 0 && threads <= 64) {
+        } else if (strcmp(argv[i], "--runs") == 0 && more && rg_parse_i64(argv[++i], &runs) &&
+                   runs > 0 && runs <= 64) {
         } else if (strcmp(argv[i], "--dtypes") == 0 && more) {
             dtypes = argv[++i];
         } else {
             fprintf(stderr, "usage: rg-bench-ckpt --dir DIR [--mib 512] [--iters 3] "
-                            "[--threads 2] [--dtypes f32,bf16]\n");
+                            "[--threads 2] [--runs 3] [--dtypes f32,bf16]\n");
             return 2;
         }
     }
@@ -376,10 +527,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (strstr(dtypes, "f32") != NULL) {
-        rc |= run(dir, bytes, RG_DTYPE_F32, (int)iters, (int)threads);
+        rc |= run_dtype(dir, bytes, RG_DTYPE_F32, (int)iters, (int)threads, (int)runs);
     }
     if (strstr(dtypes, "bf16") != NULL) {
-        rc |= run(dir, bytes, RG_DTYPE_BF16, (int)iters, (int)threads);
+        rc |= run_dtype(dir, bytes, RG_DTYPE_BF16, (int)iters, (int)threads, (int)runs);
     }
     return rc;
 }

@@ -6,9 +6,12 @@
  * starts an etcd and N such processes on this host. Rank 0 prints one JSON object per line
  * per op and size:
  *   {"bench":"comm","op":"allreduce","dtype":"f32","bytes":1048576,"ranks":2,"iters":..,
- *    "latency_us":..,"algbw_GBps":..,"busbw_GBps":..,"transport":".."}
- * Inputs are rank-dependent small integers; the output of the last timed operation is checked
- * exactly on every rank, and a wrong one ends the bench with exit status 1. Figures are
+ *    "window_s":..,"latency_us":..,"algbw_GBps":..,"busbw_GBps":..,"transport":"..",
+ *    "checked":true,"commit":"..","build":".."}
+ * iters operations are timed back to back over window_s seconds (about --seconds: a probe
+ * that grows until it lasts 10 ms sizes the loop). Inputs are rank-dependent small integers
+ * (bench/mpi_allreduce_ref.c fills the same); the output of the last timed operation is
+ * checked exactly on every rank, and a wrong one ends the bench with exit status 1. Figures are
  * with nccl-tests' definitions: latency = time per operation (the slowest rank's mean),
  * algbw = bytes / latency, busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
  * reduce_scatter (bytes = the whole gathered / scattered buffer), 1 for broadcast.
@@ -17,6 +20,7 @@
  *                 [--sizes=8,65536,1048576] [--seconds=0.5]
  *   rg-bench-comm --memcpy     memcpy bandwidth of this host (no group; one JSON line)
  */
+#include "rg_bench_meta.h"
 #include "rg_common.h"
 
 #include <regroup/comm.h>
@@ -26,6 +30,8 @@
 #include <string.h>
 
 #define BENCH_MAX_SIZES 32
+/* Enough for --seconds of 8 B operations at 0.1 us each. */
+#define BENCH_MAX_ITERS 50000000
 
 static const struct {
     const char *name;
@@ -67,8 +73,9 @@ static int memcpy_bench(void)
         double t = now_s() - t0;
         best = t < best ? t : best;
     }
-    printf("{\"bench\":\"comm\",\"op\":\"memcpy\",\"bytes\":%zu,\"GBps\":%.3f}\n", n,
-           (double)n / best / 1e9);
+    printf("{\"bench\":\"comm\",\"op\":\"memcpy\",\"bytes\":%zu,\"best_of\":20,\"GBps\":%.3f,"
+           "%s}\n",
+           n, (double)n / best / 1e9, RG_BENCH_META);
     free(a);
     free(b);
     return 0;
@@ -205,20 +212,30 @@ static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char
     const int n = rg_comm_size(comm);
     rg_status_t st = RG_OK;
     fill_inputs(c, rank, in, out);
-    /* warm up, then size the loop from one timed pass so every rank agrees on iters */
+    /* Warm up, then size the loop from a probe that grows until the slowest rank saw it last
+     * 10 ms (every rank decides from the same maximum, so all run the same operations). */
     for (int i = 0; i < 3 && st == RG_OK; i++) {
         st = bench_once(comm, c, in, out);
     }
-    double t0 = now_s();
-    for (int i = 0; i < 5 && st == RG_OK; i++) {
-        st = bench_once(comm, c, in, out);
+    double t0;
+    double probe = 0;
+    for (int64_t k = 1; st == RG_OK; k *= 4) {
+        t0 = now_s();
+        for (int64_t i = 0; i < k && st == RG_OK; i++) {
+            st = bench_once(comm, c, in, out);
+        }
+        double el = now_s() - t0;
+        if (st == RG_OK) {
+            st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &el, 1, RG_DTYPE_F64, RG_OP_MAX,
+                                   NULL);
+        }
+        probe = el / (double)k;
+        if (el >= 0.01 || k >= (1 << 20)) {
+            break;
+        }
     }
-    double probe = (now_s() - t0) / 5;
-    if (st == RG_OK) {
-        st = rg_comm_allreduce(comm, RG_COMM_IN_PLACE, &probe, 1, RG_DTYPE_F64, RG_OP_MAX, NULL);
-    }
-    int64_t iters = (int64_t)(seconds / (probe > 1e-7 ? probe : 1e-7));
-    iters = iters < 5 ? 5 : (iters > 200000 ? 200000 : iters);
+    int64_t iters = (int64_t)(seconds / (probe > 1e-8 ? probe : 1e-8));
+    iters = iters < 5 ? 5 : (iters > BENCH_MAX_ITERS ? BENCH_MAX_ITERS : iters);
     if (st == RG_OK) {
         st = rg_comm_barrier(comm, NULL);
     }
@@ -252,10 +269,11 @@ static int run_case(rg_comm_t *comm, const bench_case_t *c, double seconds, char
         double algbw = (double)c->bytes / per_op / 1e9;
         const char *tls = getenv("UCX_TLS");
         printf("{\"bench\":\"comm\",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"ranks\":%d,"
-               "\"iters\":%lld,\"latency_us\":%.3f,\"algbw_GBps\":%.3f,\"busbw_GBps\":%.3f,"
-               "\"transport\":\"%s\"}\n",
-               c->op, dtype_name(c->dtype), c->bytes, n, (long long)iters, per_op * 1e6, algbw,
-               algbw * bus_factor(c->op, n), tls ? tls : "default(shm)");
+               "\"iters\":%lld,\"window_s\":%.3f,\"latency_us\":%.3f,\"algbw_GBps\":%.3f,"
+               "\"busbw_GBps\":%.3f,\"transport\":\"%s\",\"checked\":true,%s}\n",
+               c->op, dtype_name(c->dtype), c->bytes, n, (long long)iters,
+               per_op * (double)iters, per_op * 1e6, algbw, algbw * bus_factor(c->op, n),
+               tls ? tls : "default(shm)", RG_BENCH_META);
         fflush(stdout);
     }
     return 0;

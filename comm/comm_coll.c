@@ -16,18 +16,72 @@ void *comm_buf_alloc(rg_comm_req_t *req, size_t bytes)
     if (req->mem == UCS_MEMORY_TYPE_CUDA) {
         return comm_dev_alloc(bytes);
     }
-    return malloc(bytes ? bytes : 1);
+    if (bytes < COMM_SCRATCH_MIN_BYTES) {
+        return malloc(bytes ? bytes : 1);
+    }
+    /* The smallest kept buffer that fits; else a new one, kept in a free slot or in place of
+     * a kept one too small (freed); with every slot handed out, a new one not kept. */
+    comm_scratch_t *sc = req->comm->scratch;
+    comm_scratch_t *fit = NULL;
+    comm_scratch_t *room = NULL;
+    for (int i = 0; i < COMM_SCRATCH_KEPT; i++) {
+        if (sc[i].p != NULL && !sc[i].out && sc[i].cap >= bytes &&
+            (fit == NULL || sc[i].cap < fit->cap)) {
+            fit = &sc[i];
+        }
+    }
+    for (int i = 0; i < COMM_SCRATCH_KEPT && room == NULL; i++) {
+        room = sc[i].p == NULL ? &sc[i] : NULL;
+    }
+    for (int i = 0; i < COMM_SCRATCH_KEPT && room == NULL; i++) {
+        room = !sc[i].out ? &sc[i] : NULL;
+    }
+    if (fit != NULL) {
+        fit->out = true;
+        return fit->p;
+    }
+    void *p = malloc(bytes);
+    if (p != NULL && room != NULL) {
+        free(room->p);
+        *room = (comm_scratch_t){.p = p, .cap = bytes, .out = true};
+    }
+    return p;
 }
 
 void comm_buf_free(rg_comm_req_t *req, void *p)
 {
-    if (p == req->tmp_inline.bytes) {
+    if (p == NULL || p == req->tmp_inline.bytes) {
         return;
     }
     if (req->mem == UCS_MEMORY_TYPE_CUDA) {
         comm_dev_free(p);
-    } else {
-        free(p);
+        return;
+    }
+    for (int i = 0; i < COMM_SCRATCH_KEPT; i++) {
+        if (req->comm->scratch[i].p == p) {
+            req->comm->scratch[i].out = false; /* kept for the next request */
+            return;
+        }
+    }
+    free(p);
+}
+
+void comm_scratch_forget(rg_comm_t *comm, const void *p)
+{
+    for (int i = 0; p != NULL && i < COMM_SCRATCH_KEPT; i++) {
+        if (comm->scratch[i].p == p) {
+            comm->scratch[i] = (comm_scratch_t){0};
+        }
+    }
+}
+
+void comm_scratch_free_all(rg_comm_t *comm)
+{
+    for (int i = 0; i < COMM_SCRATCH_KEPT; i++) {
+        if (!comm->scratch[i].out) {
+            free(comm->scratch[i].p);
+        }
+        comm->scratch[i] = (comm_scratch_t){0};
     }
 }
 

@@ -93,6 +93,7 @@ void comm_grave_add(rg_comm_t *comm, void *p)
     if (p == NULL) {
         return;
     }
+    comm_scratch_forget(comm, p);
     if (comm->n_grave == comm->cap_grave) {
         size_t cap = comm->cap_grave ? 2 * comm->cap_grave : 16;
         void **g = realloc(comm->grave, cap * sizeof(*g));

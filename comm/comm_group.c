@@ -140,6 +140,7 @@ void rg_comm_destroy(rg_comm_t *comm)
     }
     comm_ucx_close(comm);
     comm_shm_free(comm);
+    comm_scratch_free_all(comm);
     free(comm->req_cache);
     free(comm->eps);
     free(comm->peers);

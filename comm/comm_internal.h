@@ -106,6 +106,19 @@ struct rg_comm_req {
 
 };
 
+/* Host scratch of at least COMM_SCRATCH_MIN_BYTES (the ring's chunk buffers) is kept by the
+ * group between collectives, COMM_SCRATCH_KEPT buffers at most (comm_coll.c): glibc maps
+ * every allocation above its mmap threshold (at most 32 MiB) afresh, so a ring of 32 MiB
+ * chunks paid the page faults of its scratch in every operation. */
+#define COMM_SCRATCH_KEPT      4
+#define COMM_SCRATCH_MIN_BYTES ((size_t)1 << 20)
+
+typedef struct {
+    void  *p;     /* NULL: slot free */
+    size_t cap;
+    bool   out;   /* handed to a request */
+} comm_scratch_t;
+
 struct rg_comm {
     int           rank;
     int           size;
@@ -138,6 +151,7 @@ struct rg_comm {
     rg_comm_req_t *head;        /* posted requests, in post order */
     rg_comm_req_t *tail;
     rg_comm_req_t *req_cache;   /* one finished request kept for the next blocking call */
+    comm_scratch_t scratch[COMM_SCRATCH_KEPT]; /* large host scratch kept between requests */
     unsigned      passes;       /* progress passes, to check deadlines every few */
     bool          ucx_due;      /* a waiter gave its core away: run UCX in the next pass */
     unsigned      n_posted;     /* requests in the list */
@@ -251,8 +265,14 @@ rg_status_t comm_xfers_test(rg_comm_req_t *req, int first, int n);
 rg_status_t comm_coll_post(rg_comm_t *comm, comm_coll_t kind, const void *sendbuf,
                            void *recvbuf, size_t count, rg_dtype_t dtype, rg_redop_t op,
                            int root, const rg_comm_opts_t *opts, rg_comm_req_t **req_p);
+/* Scratch for req of at least bytes; host scratch of COMM_SCRATCH_MIN_BYTES and more comes
+ * from (and goes back to) the group's kept buffers. */
 void       *comm_buf_alloc(rg_comm_req_t *req, size_t bytes);
 void        comm_buf_free(rg_comm_req_t *req, void *p);
+/* p (scratch of a failed request) goes to the graveyard: the group no longer keeps it. */
+void        comm_scratch_forget(rg_comm_t *comm, const void *p);
+/* Frees the kept scratch not handed out (rg_comm_destroy). */
+void        comm_scratch_free_all(rg_comm_t *comm);
 rg_status_t comm_local_copy(rg_comm_req_t *req, void *dst, const void *src, size_t bytes);
 rg_status_t comm_local_reduce(rg_comm_req_t *req, void *dst, const void *a, const void *b,
                               size_t n);
