@@ -20,6 +20,7 @@
  *    "exact":..}
  */
 #include "etcd_server.h"
+#include "rg_bench_meta.h"
 #include "rg_common.h"
 
 #include <regroup/ckpt.h>
@@ -147,7 +148,7 @@ static double one_rep(int rep, const char *provider, long *lost, bool *exact, do
         return -1;
     }
     write_state(state, "none");
-    char *sargv[] = {"/usr/bin/python3", RG_BENCH_META, port_file, state, slog,
+    char *sargv[] = {"/usr/bin/python3", RG_BENCH_META_SERVER, port_file, state, slog,
                      (char *)provider, NULL};
     srv = rg_proc_spawn(sargv, mlog);
     uint64_t until = rg_now_ns() + 20000000000ull;
@@ -295,15 +296,15 @@ int main(int argc, char **argv)
     }
     if (ok == 0) {
         printf("{\"bench\":\"notice\",\"provider\":\"%s\",\"reps\":0,\"error\":\"no successful "
-               "repetition\"}\n", provider);
+               "repetition\",%s}\n", provider, RG_BENCH_META);
         return 1;
     }
     qsort(v, (size_t)ok, sizeof(double), cmp_d);
     qsort(w, (size_t)n_seen, sizeof(double), cmp_d);
     printf("{\"bench\":\"notice\",\"provider\":\"%s\",\"poll_ms\":1000,\"reps\":%d,"
            "\"median_s\":%.3f,\"min_s\":%.3f,\"max_s\":%.3f,\"after_seen_median_s\":%.3f,"
-           "\"after_seen_max_s\":%.3f,\"steps_lost_max\":%ld,\"exact\":%s}\n", provider, ok,
+           "\"after_seen_max_s\":%.3f,\"steps_lost_max\":%ld,\"exact\":%s,%s}\n", provider, ok,
            v[ok / 2], v[0], v[ok - 1], n_seen ? w[n_seen / 2] : -1.0,
-           n_seen ? w[n_seen - 1] : -1.0, lost_max, exact ? "true" : "false");
+           n_seen ? w[n_seen - 1] : -1.0, lost_max, exact ? "true" : "false", RG_BENCH_META);
     return 0;
 }

@@ -192,7 +192,9 @@ START_TEST(test_inplace_two_faults)
 END_TEST
 
 /* Two agents of 2 workers on 127.0.0.1; the second one's agent is SIGKILLed mid-run. */
-static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
+/* Two agents of 2 workers; once the job trains, node b gets sig (SIGKILL: lost; SIGTERM:
+ * preempted, it leaves on purpose). */
+static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
 {
     char ep[600];
     test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
@@ -209,8 +211,13 @@ static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
     /* Mid-run: both nodes' ranks are training once a checkpoint is committed. */
     TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
                     "no checkpoint committed within 60 s: the job does not run");
-    ck_assert_int_eq(kill(*b, SIGKILL), 0);
-    ck_assert_int_eq(test_wait_exit(*b, 10000), 128 + SIGKILL);
+    ck_assert_int_eq(kill(*b, sig), 0);
+    ck_assert_int_eq(test_wait_exit(*b, 30000), 128 + sig);
+}
+
+static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
+{
+    two_nodes_sig(nnodes, SIGKILL, a, b);
 }
 
 START_TEST(test_inplace_node_loss)
@@ -223,6 +230,30 @@ START_TEST(test_inplace_node_loss)
                   "the job did not finish exactly at world size 2");
     ck_assert(log_has("a", "regrouped: "));
     ck_assert(!log_has("a", "resumed from step"));
+    check_pids("a", 2, 2);
+}
+END_TEST
+
+/* A preempted node (SIGTERM to its agent) in an in-place job: every rank takes the last
+ * checkpoint of the step they all reached, the leaving node's workers exit, and the others
+ * regroup without it in their own processes; nothing is redone from disk. */
+START_TEST(test_inplace_preemption)
+{
+    pid_t a;
+    pid_t b;
+    two_nodes_sig("--nnodes=1:2", SIGTERM, &a, &b);
+    ck_assert_msg(log_has("b", "this node leaves the job: SIGTERM"), "node b did not leave");
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    /* Rank 0 says how the last checkpoint went: on a, which stays, or on b, which leaves. */
+    ck_assert_msg(log_has("a", "a node leaves at step") || log_has("b", "left at step"),
+                  "no last checkpoint before the node left");
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+                  "the job did not finish exactly at world size 2");
+    ck_assert_msg(log_has("a", "regrouped: "),
+                  "the survivors did not regroup in place");
+    ck_assert(!log_has("a", "resumed from step"));
+    ck_assert_msg(!log_has("a", "failed (") && !log_has("b", "failed ("),
+                  "a worker failure was reported for a preemption");
     check_pids("a", 2, 2);
 }
 END_TEST
@@ -320,6 +351,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_node_loss);
+    tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
     tcase_add_test(tc, test_inplace_trainer_fit);

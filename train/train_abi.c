@@ -38,9 +38,10 @@ static const abi_struct_t abi_structs[] = {
     {"rg_train_state_t", sizeof(rg_train_state_t), 3,
      {F(rg_train_state_t, tensors), F(rg_train_state_t, n_tensors),
       F(rg_train_state_t, cursor)}},
-    {"rg_train_params_t", sizeof(rg_train_params_t), 4,
+    {"rg_train_params_t", sizeof(rg_train_params_t), 5,
      {F(rg_train_params_t, ckpt_root), F(rg_train_params_t, keep_last),
-      F(rg_train_params_t, comm_timeout_ms), F(rg_train_params_t, staging_bytes)}},
+      F(rg_train_params_t, comm_timeout_ms), F(rg_train_params_t, staging_bytes),
+      F(rg_train_params_t, in_place)}},
     {"rg_comm_opts_t", sizeof(rg_comm_opts_t), 2,
      {F(rg_comm_opts_t, deadline), F(rg_comm_opts_t, mem_type)}},
 };

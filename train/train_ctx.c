@@ -318,9 +318,7 @@ static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
         st = rdzv_fence_put(ctx->etcd, &ctx->fence, key, val, 0, 0, "the progress report");
     }
     if (st == RG_ELEASE) {
-        /* Fenced: this rank's round is over for the job; nothing it does counts. */
-        rg_error_log("%s", rg_last_error());
-        return st;
+        return st;   /* fenced: the caller decides what that means */
     }
     if (st != RG_OK) {
         /* Progress is informational: training goes on without it. */
@@ -415,8 +413,18 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
         st = publish_progress(ctx, report);
+        if (st == RG_ELEASE && ctx->in_place && check_agent(ctx) == RG_OK) {
+            /* In place the job's round moves on while this worker's agent lives: a planned
+             * change its agent posts next (the agreement below returns it). Until then this
+             * round's progress is not recorded, and a checkpoint of it is refused at its
+             * commit, never half-visible. */
+            rg_info("progress not published: %s (regrouping in place)", rg_last_error());
+            st = RG_OK;
+        }
         if (st != RG_OK) {
-            return st;   /* fenced: no checkpoint of this round may start either */
+            /* Fenced: this rank's round is over for the job; nothing it does counts. */
+            rg_error_log("%s", rg_last_error());
+            return st;   /* no checkpoint of this round may start either */
         }
     }
     if (ctx->n_retired > 0) {

@@ -59,7 +59,8 @@ class TrainState(ctypes.Structure):
 
 class TrainParams(ctypes.Structure):
     _fields_ = [("ckpt_root", ctypes.c_char_p), ("keep_last", ctypes.c_uint),
-                ("comm_timeout_ms", ctypes.c_int64), ("staging_bytes", ctypes.c_size_t)]
+                ("comm_timeout_ms", ctypes.c_int64), ("staging_bytes", ctypes.c_size_t),
+                ("in_place", ctypes.c_bool)]
 
 
 class CommOpts(ctypes.Structure):
