@@ -22,9 +22,14 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define AGENT_MAX_FDS (4 + 2 * LAUNCHER_MAX_NPROC)   /* signals, rendezvous, notices, pipe */
+
+/* How long a worker's death by SIGTERM, SIGINT or SIGHUP waits for the agent's own stop
+ * signal before it counts as a failure (see await_own_stop). */
+#define AGENT_STOP_RACE_MS 500
 
 typedef enum {
     ROUND_SUCCEEDED,    /* every local worker exited 0 */
@@ -70,6 +75,33 @@ static bool read_signals(agent_t *ag, bool *child)
         }
     }
     return stop;
+}
+
+/* A scheduler that stops a node (slurmstepd with proctrack/linuxproc, systemd, a container
+ * runtime) signals every process of it, workers included, in no set order: a worker may die
+ * of that SIGTERM before its agent sees its own. Such a death is no failure of the job (with
+ * --max-restarts=0 it would end a requeued job for good), so it waits, at most
+ * AGENT_STOP_RACE_MS, for the agent's own stop signal. True if one came (ag->stop_signal);
+ * a worker killed by anything else, or by these signals alone, counts as before. *child says
+ * whether a SIGCHLD was read meanwhile (other workers to reap). */
+static bool await_own_stop(agent_t *ag, const launcher_worker_t *w, bool *child)
+{
+    if (!WIFSIGNALED(w->wstatus) ||
+        (WTERMSIG(w->wstatus) != SIGTERM && WTERMSIG(w->wstatus) != SIGINT &&
+         WTERMSIG(w->wstatus) != SIGHUP)) {
+        return false;
+    }
+    int64_t end = rg_notice_now_ms() + AGENT_STOP_RACE_MS;
+    for (int64_t left = AGENT_STOP_RACE_MS; left > 0; left = end - rg_notice_now_ms()) {
+        struct pollfd pfd = {.fd = ag->sigfd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)left) < 0 && errno != EINTR) {
+            return false;
+        }
+        if (read_signals(ag, child)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 /* The longest the agent sleeps while a round runs: the monitor interval, but short enough
@@ -277,6 +309,19 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         if (child) {
             int failed;
             int running = launcher_workers_reap(&ag->ws, &failed);
+            bool more = false;
+            if (failed >= 0 && !lv.own && await_own_stop(ag, &ag->ws.w[failed], &more)) {
+                if (ag->stop_signal != SIGTERM) {
+                    rg_info("signal %d: stopping workers", ag->stop_signal);
+                    launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                    return ROUND_STOPPED;
+                }
+                launcher_leave_begin(&lv, "SIGTERM", rg_notice_now_ms() + cfg->grace_ms);
+            }
+            if (more) {
+                int also;
+                running = launcher_workers_reap(&ag->ws, &also);
+            }
             /* In place, only this node's own leaving excuses a failure: the others replace
              * a failed worker as always (a lost peer is no failure of theirs in place). */
             if (failed >= 0 && (lv.own || !ag->ip.enabled) && launcher_leave_excused(&lv)) {

@@ -355,6 +355,35 @@ START_TEST(test_sigterm_regroups_before_ttl)
 }
 END_TEST
 
+/* A scheduler that stops a node (slurmstepd's proctrack/linuxproc) signals the workers and
+ * the agent in no set order: a worker dead of SIGTERM before its agent's own SIGTERM is part
+ * of the node's stop, not a failure (with --max-restarts=0 it failed a requeued job). The
+ * agent's SIGTERM here comes only once the agent has reaped the worker. */
+START_TEST(test_node_stop_that_reaches_a_worker_first_is_no_failure)
+{
+    static start_t s[8];
+    start_agent(0, EP, "--nproc-per-node=1", NULL);
+    wait_starts(0, 1, 1, 0, 20000);
+    ck_assert_int_eq(read_starts(s, 8), 1);
+    kill(s[0].pid, SIGTERM);
+    uint64_t until = rg_now_ns() + 10000000000ull;
+    while (kill(s[0].pid, 0) == 0 && rg_now_ns() < until) {
+        rg_sleep_ms(1);   /* a zombie until its agent reaps it */
+    }
+    ck_assert_msg(kill(s[0].pid, 0) != 0, "the agent did not reap its worker in 10 s");
+    kill(agents[0], SIGTERM);
+    ck_assert_int_eq(wait_exit(agents[0], 20000), 128 + SIGTERM);
+    ck_assert(log_contains(0, "not counted as a failure"));
+    ck_assert(!log_contains(0, "failed more than --max-restarts"));
+    char ep[600];
+    char out[4096];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=job1", NULL}, out,
+                                 sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "failed") == NULL, "status says: %s", out);
+}
+END_TEST
+
 START_TEST(test_standalone_leaves_nothing)
 {
     stop_workers();   /* the workers finish at once */
@@ -1162,6 +1191,7 @@ int main(void)
     tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
+    tcase_add_test(tc, test_node_stop_that_reaches_a_worker_first_is_no_failure);
     tcase_add_test(tc, test_endpoint_that_does_not_resolve);
     suite_add_tcase(s, tc);
     TCase *tc2 = tcase_create("standalone");
