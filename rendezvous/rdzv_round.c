@@ -267,6 +267,36 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
     return all;
 }
 
+/* True if round r-1 closed and every member of it finished, with that round in *out. An agent
+ * can open round r after it (it asked for a restart while the others' workers were
+ * finishing): the job is over all the same, and a join of round r must not wait for members
+ * that are gone. */
+static bool prev_round_done(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out)
+{
+    char key[RDZV_KEY_MAX];
+    rg_etcd_range_t res;
+    rg_etcd_range_req_t rq = {.key = key};
+    bool done = false;
+
+    if (r <= 0 || rdzv_keys_closed(&z->keys, r - 1, key, sizeof(key)) != RG_OK ||
+        rg_etcd_range(z->etcd, &rq, 0, &res) != RG_OK) {
+        return false;
+    }
+    rg_rdzv_assignment_t *a = res.n_kvs == 1 ? malloc(sizeof(*a)) : NULL;
+    if (a != NULL &&
+        rdzv_rec_closed_decode(res.kvs[0].value, res.kvs[0].value_len, r - 1, a) == RG_OK) {
+        done = round_done(z, r - 1, a);
+    }
+    if (done) {
+        *out = *a;
+        rdzv_assignment_locate(out, z->agent);
+        out->job_done = true;
+    }
+    free(a);
+    rg_etcd_range_cleanup(&res);
+    return done;
+}
+
 /* One look at round r: returns RG_OK with *done set when a round including us closed. */
 static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, bool *done,
                              uint64_t *wake_ns)
@@ -335,6 +365,11 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
             *wake_ns = rg_now_ns();
         }
         return st;
+    }
+    if (prev_round_done(z, r, out)) {
+        rg_info("rendezvous: every member of round %d finished: the job is over", r - 1);
+        *done = true;
+        return RG_OK;
     }
     if (z->registered_round != r) {
         st = register_node(z, r);

@@ -146,6 +146,36 @@ START_TEST(test_two_handles_one_process)
 }
 END_TEST
 
+/* A round every member of which finished ends the job, even when an agent opened the next
+ * round after it (a restart asked for while the others' workers finished): a join of that
+ * open round says the job is done rather than wait out its join timeout for members. */
+START_TEST(test_round_opened_after_the_job_finished)
+{
+    joiner_t *j = calloc(3, sizeof(*j));
+    char job[64];
+
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "after-%d", (int)getpid());
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    join_both(j);
+    ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
+    ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
+    j[2].z = handle(job, 1);
+    ck_assert_int_eq(rg_rdzv_next_round(j[0].z), RG_OK);   /* round 1, open, after the end */
+    uint64_t t0 = rg_now_ns();
+    j[2].st = rg_rdzv_join(j[2].z, -1, &j[2].a);
+    ck_assert_msg(j[2].st == RG_OK, "%s", rg_last_error());
+    ck_assert(j[2].a.job_done);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
 /* Every agent of the job left without finishing (a preempted job, requeued by its scheduler
  * under the same job id): agents that come back to the job open the next round themselves
  * rather than wait, as latecomers, to be let in by agents that are gone. */
@@ -187,6 +217,7 @@ static Suite *rdzv_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_two_handles_one_process);
     tcase_add_test(tc, test_job_whose_agents_all_left_is_rejoined);
+    tcase_add_test(tc, test_round_opened_after_the_job_finished);
     suite_add_tcase(s, tc);
     return s;
 }
