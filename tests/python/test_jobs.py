@@ -1,6 +1,6 @@
 """The package in real jobs under the `regroup` launcher (--standalone: its own private
-etcd): every collective, op and dtype against NumPy at several world sizes, and checkpoints
-saved at 4 ranks and restored at 1, 2 and 3."""
+etcd): every collective, op and dtype against NumPy at several world sizes, checkpoints
+saved at 4 ranks and restored at 1, 2 and 3, and in-place recovery (ctx.regroup)."""
 import os
 import re
 
@@ -83,3 +83,27 @@ def test_sampler_exactly_once_across_resize_and_kill(tmp):
     # written.
     assert re.search(r"resumed from step (60|55) at world 2", out), out
     assert "exact=1 world=2" in out, out
+
+
+INPLACE = os.path.join(conftest.HERE, "worker_inplace.py")
+
+
+def test_in_place_regroup_after_a_kill_exactly_once(tmp):
+    """3 ranks in place, rank 1 SIGKILLed before step 30's allreduce: the survivors regroup
+    in their own processes at world 2 from step 30 (no rank finished it), the replacement
+    joins at a later step boundary receiving the state from a survivor, and every sample is
+    used once per epoch; no checkpoint is read."""
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, [PYTHON, INPLACE, "--kill-at", "30"], max_restarts=2, env=env,
+                      recovery="in-place")
+    assert rc == 0, out
+    assert "rank 1: killing myself at step 30" in out, out
+    assert out.count("killing myself") == 1, out
+    assert "regrouped: a peer failed; round 1 world 2 from step 30, state from rank 0" in out, out
+    assert re.search(r"rank \d: pid \d+ started \(joining 1, in place 1\)", out), out
+    m = re.search(r"regrouped: the membership changes; round 2 world 3 from step (\d+), "
+                  r"state from rank 0", out)
+    assert m and int(m.group(1)) > 30, out
+    assert "resumed from" not in out, out
+    assert "the job restarts" not in out, out
+    assert "exact=1 world=3" in out, out
