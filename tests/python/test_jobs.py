@@ -66,6 +66,31 @@ def test_example_survives_a_worker_kill(tmp):
     assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
 
 
+@pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
+def test_example_in_place_survives_a_worker_kill(tmp):
+    """The example under --recovery=in-place on 3 ranks, rank 2 SIGKILLed at step 150: the
+    survivors regroup in their own processes (parameters and Adam's state from memory, at
+    world 2 from step 150: no rank finished it), the replacement joins with the state of
+    rank 0, and the job ends without reading a checkpoint. The steps at world 2 sum the
+    gradient over 2 shares instead of 3, so the floating-point result is not the fault-free
+    run's bit for bit (unlike restart mode at an unchanged world size): only the model's
+    quality is asserted."""
+    pytest.importorskip("torch")
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500",
+            "--kill-at", "150", "--kill-rank", "2"]
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, env=env, recovery="in-place")
+    assert rc == 0, out
+    assert "rank 2: killing myself at step 150" in out, out
+    assert "regrouped: a peer failed; round 1 world 2 from step 150, state from rank 0" in out, out
+    assert re.search(r"regrouped: the membership changes; round 2 world 3 from step \d+, "
+                     r"state from rank 0", out), out
+    assert "resumed from" not in out, out
+    assert "restarting the job" not in out, out
+    assert float(final_accuracy(out).split("=")[1]) > 0.8, out
+
+
 EXACT = os.path.join(conftest.HERE, "worker_exact.py")
 
 
