@@ -403,19 +403,6 @@ rg_status_t rg_train_notice(const rg_train_ctx_t *ctx, rg_notice_t *notice)
     return RG_OK;
 }
 
-/* The previous checkpoint's end, at rg_report. In place, as with the progress: a commit
- * refused because the job's round moved on while this worker's agent lives is a regroup to
- * come (the agreement returns it), not a failure; that checkpoint is never visible. */
-static rg_status_t finish_save_fenced_ok(rg_train_ctx_t *ctx)
-{
-    rg_status_t st = finish_save(ctx);
-    if (st == RG_ELEASE && ctx->in_place && check_agent(ctx) == RG_OK) {
-        rg_info("checkpoint not committed: %s (regrouping in place)", rg_last_error());
-        st = RG_OK;
-    }
-    return st;
-}
-
 /* rg_report's progress and checkpoint. */
 static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
                                const rg_train_state_t *state)
@@ -445,14 +432,14 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     }
     /* Surface a background failure of the previous checkpoint at the next report. */
     if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {
-        st = finish_save_fenced_ok(ctx);
+        st = finish_save(ctx);
     }
     if (state == NULL || ctx->ckpt == NULL) {
         return st;
     }
     /* One save staged at a time. A failure of the previous one found above is kept: it is
      * the caller's only word that that checkpoint never landed. */
-    prev = st != RG_OK ? st : finish_save_fenced_ok(ctx);
+    prev = st != RG_OK ? st : finish_save(ctx);
     st = train_save_start(ctx, report->step, state);
     return prev != RG_OK ? prev : st;
 }
