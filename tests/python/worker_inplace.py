@@ -12,7 +12,7 @@ step repeated or skipped across the regroup would leave a count other than 1. Ra
 "exact=1 world=W" (exit 0) or "exact=0 ..." (exit 1). --kill-at STEP: rank 1 SIGKILLs itself
 there, in the job's first round (not a survivor renumbered 1, nor a replacement).
 
-  worker_inplace.py [--kill-at S]
+  worker_inplace.py [--kill-at S] [--epochs E]
 """
 import argparse
 import os
@@ -23,12 +23,13 @@ import numpy as np
 
 import regroup
 
-SAMPLES, BATCH, EPOCHS, SEED, EVERY = 200, 8, 3, 11, 5
+SAMPLES, BATCH, SEED, EVERY = 200, 8, 11, 5
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--epochs", type=int, default=3)
     a = ap.parse_args()
     with regroup.init(in_place=True) as ctx:
         return run(ctx, a)
@@ -41,6 +42,7 @@ def regroup_on(ctx, e):
 
 
 def run(ctx, a):
+    EPOCHS = a.epochs
     replacement = ctx.joining
     print("rank %d: pid %d started (joining %d, in place %d)" % (
         ctx.rank, os.getpid(), int(ctx.joining), int(ctx.in_place)), file=sys.stderr,
