@@ -42,6 +42,13 @@ static const abi_struct_t abi_structs[] = {
      {F(rg_train_params_t, ckpt_root), F(rg_train_params_t, keep_last),
       F(rg_train_params_t, comm_timeout_ms), F(rg_train_params_t, staging_bytes),
       F(rg_train_params_t, in_place)}},
+    {"rg_train_buf_t", sizeof(rg_train_buf_t), 2,
+     {F(rg_train_buf_t, data), F(rg_train_buf_t, bytes)}},
+    {"rg_train_regroup_t", sizeof(rg_train_regroup_t), 10,
+     {F(rg_train_regroup_t, step), F(rg_train_regroup_t, bufs), F(rg_train_regroup_t, n_bufs),
+      F(rg_train_regroup_t, cursor), F(rg_train_regroup_t, rank), F(rg_train_regroup_t, world),
+      F(rg_train_regroup_t, round), F(rg_train_regroup_t, step_out),
+      F(rg_train_regroup_t, source), F(rg_train_regroup_t, received)}},
     {"rg_comm_opts_t", sizeof(rg_comm_opts_t), 2,
      {F(rg_comm_opts_t, deadline), F(rg_comm_opts_t, mem_type)}},
 };

@@ -14,12 +14,23 @@ the launcher restarting the workers) or a resize the job resumes from the last c
 checkpoint and continues with the next global step, each sample used once per epoch.
 
 Rank 0 prints "step=... epoch=... loss=... samples_per_s=..." every --log-every steps, an
-"eval epoch=... test_accuracy=..." line per epoch and at the end "test_accuracy=<fraction>".
+"eval epoch=... test_accuracy=..." line per epoch and at the end "params_sha256=<hex>" (the
+final parameters' bytes) and "test_accuracy=<fraction>".
 --kill-at STEP makes rank --kill-rank (default 1) SIGKILL itself at that global step in the
-job's first attempt (restart count 0), to show the job restarting and resuming.
+job's first attempt (restart count 0, round 0), to show the job restarting and resuming.
+
+Under `regroup --recovery=in-place` the workers keep their state in memory through a failure
+instead: the parameters, Adam's moments and step counts live in flat buffers (the optimizer
+works on views of them), the same on every rank; when a collective raises regroup.PeerError
+(a peer died) or report raises regroup.MembershipChanged (a replacement is ready), every rank
+calls ctx.regroup with them and the cursor after its last completed step, and goes on from
+the step the members agreed on at the new rank and world size (rank 0 prints "regrouped:
+..."). A replacement worker (ctx.joining) receives them from a survivor instead of reading a
+checkpoint.
 """
 import argparse
 import gzip
+import hashlib
 import math
 import os
 import signal
@@ -90,32 +101,20 @@ def flatten(model):
     return flat, grad, params
 
 
-def adam_state(opt, params, n):
-    """Adam's moments as two flat tensors and its step count."""
+def flat_adam(opt, params, n):
+    """Adam's state in flat buffers: its moments (n each) and one step count per parameter,
+    the optimizer's state being views of them, as Adam's first step would make it (zeros,
+    step 0). Adam updates them in place: they are the state to checkpoint and to regroup."""
     m = torch.zeros(n)
     v = torch.zeros(n)
-    steps = 0
+    steps = torch.zeros(len(params))
     off = 0
-    for p in params:
+    for i, p in enumerate(params):
         k = p.numel()
-        st = opt.state.get(p)
-        if st:
-            m[off:off + k].copy_(st["exp_avg"].view(-1))
-            v[off:off + k].copy_(st["exp_avg_sq"].view(-1))
-            steps = int(st["step"])
+        opt.state[p] = {"step": steps[i], "exp_avg": m[off:off + k].view_as(p),
+                        "exp_avg_sq": v[off:off + k].view_as(p)}
         off += k
     return m, v, steps
-
-
-def set_adam_state(opt, params, m, v, steps):
-    off = 0
-    for p in params:
-        k = p.numel()
-        if steps > 0:
-            opt.state[p] = {"step": torch.tensor(float(steps)),
-                            "exp_avg": m[off:off + k].view_as(p).clone(),
-                            "exp_avg_sq": v[off:off + k].view_as(p).clone()}
-        off += k
 
 
 def evaluate(model, images, labels):
@@ -142,8 +141,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(1)   # one core per worker; the launcher runs one per core
 
-    with regroup.init() as ctx:
-        rank, world = ctx.rank, ctx.world_size
+    with regroup.init(in_place=True) as ctx:
         train_x, train_y = load_split(a.data, "train")
         test_x, test_y = load_split(a.data, "t10k")
         torch.manual_seed(a.seed)          # the same seed: every rank starts equal
@@ -151,20 +149,24 @@ def main():
         flat, grad, params = flatten(model)
         n = flat.numel()
         opt = torch.optim.Adam(params, lr=a.lr)
-        sampler = regroup.GlobalSampler(len(train_x), a.batch, seed=a.seed, rank=rank,
-                                        world_size=world)
-        step = ctx.latest_checkpoint()
+        m, v, adam_steps = flat_adam(opt, params, n)
+        replicated = [flat, m, v, adam_steps]    # what a regroup carries
+        sampler = regroup.GlobalSampler(len(train_x), a.batch, seed=a.seed,
+                                        rank=max(ctx.rank, 0), world_size=max(ctx.world_size, 1))
+        step = None if ctx.joining else ctx.latest_checkpoint()
         if step is not None:
-            m = torch.zeros(n)
-            v = torch.zeros(n)
-            adam_steps = np.zeros(1, np.int64)
+            saved_steps = np.zeros(1, np.int64)
             sampler.cursor = ctx.restore(step, {"params": flat, "adam_m": m, "adam_v": v,
-                                                "adam_steps": adam_steps})
-            set_adam_state(opt, params, m, v, int(adam_steps[0]))
-            if rank == 0:
+                                                "adam_steps": saved_steps})
+            adam_steps.fill_(float(saved_steps[0]))
+            if ctx.rank == 0:
                 print("resumed from checkpoint step %d (epoch %d) at world size %d, restart %d"
-                      % (ctx.restored_step, sampler.epoch, world, ctx.restart_count),
+                      % (ctx.restored_step, sampler.epoch, ctx.world_size, ctx.restart_count),
                       flush=True)
+        replacement = ctx.joining
+        why = "a replacement joined" if ctx.joining else None
+        done = 0 if step is None else ctx.restored_step   # the steps the state holds
+        cur = sampler.cursor                               # the data position after them
         loader = DataLoader(TensorDataset(train_x, train_y), batch_sampler=sampler)
         per_epoch = sampler.steps_per_epoch
         total = a.epochs * per_epoch
@@ -173,57 +175,93 @@ def main():
         win_samples = 0
         t_start = time.monotonic()
         samples_here = 0
-        while sampler.epoch < a.epochs:
+        while True:
+            if why is not None:
+                r = ctx.regroup(done, replicated, cur)
+                sampler.reshard(r.rank, r.world_size, r.cursor)
+                done, cur = r.step, r.cursor
+                if r.rank == 0:
+                    print("regrouped: %s; round %d world %d from step %d, state from rank %d"
+                          % (why, r.round, r.world_size, r.step, r.source), flush=True)
+                why = None
+                win[:] = 0
+                win_samples = 0
+            if sampler.epoch >= a.epochs:
+                break
+            rank, world = ctx.rank, ctx.world_size
             epoch = sampler.epoch
             first = epoch * per_epoch + sampler.step       # the global step of the next batch
-            for i, (x, y) in enumerate(loader):
-                gstep = first + i
-                if gstep == a.kill_at and rank == a.kill_rank and ctx.restart_count == 0:
-                    print("rank %d: killing myself at step %d (--kill-at)" % (rank, gstep),
-                          file=sys.stderr, flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
-                count = sampler.global_count
-                if a.schedule == "cosine":
-                    opt.param_groups[0]["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * gstep / total))
-                grad.zero_()
-                loss = torch.nn.functional.cross_entropy(model(x.float() / 255.0), y,
-                                                         reduction="sum")
-                (loss / count).backward()
-                if params[0].grad.data_ptr() != grad.data_ptr():
-                    raise RuntimeError("autograd replaced the flat gradient buffer")
-                ctx.allreduce(grad)          # the sum of the ranks' shares: the batch's mean
-                opt.step()
-                win += (loss.item(), len(y))
-                win_samples += count
-                samples_here += count
-                done = gstep + 1
-                state = None
-                if done % a.ckpt_every == 0 and done < total:
-                    m, v, adam_steps = adam_state(opt, params, n)
-                    state = {"params": flat, "adam_m": m, "adam_v": v,
-                             "adam_steps": np.array([adam_steps], np.int64)}
-                ctx.report(done, metrics={"loss": win[0] / max(win[1], 1)}, state=state,
-                           cursor=sampler)
-                if done % a.log_every == 0:
-                    ctx.allreduce(win)
-                    now = time.monotonic()
-                    if rank == 0:
-                        print("step=%d epoch=%d loss=%.4f samples_per_s=%.0f world=%d" % (
-                            done, epoch, win[0] / win[1], win_samples / (now - win_t), world),
-                            flush=True)
-                    win[:] = 0
-                    win_samples = 0
-                    win_t = now
+            try:
+                for i, (x, y) in enumerate(loader):
+                    gstep = first + i
+                    done = train_step(a, ctx, model, opt, grad, params, sampler, win, gstep,
+                                      total, replacement, x, y)
+                    cur = sampler.cursor
+                    state = None
+                    if done % a.ckpt_every == 0 and done < total:
+                        state = {"params": flat, "adam_m": m, "adam_v": v,
+                                 "adam_steps": np.array([int(adam_steps[0])], np.int64)}
+                    ctx.report(done, metrics={"loss": win[0] / max(win[1], 1)}, state=state,
+                               cursor=cur)
+                    win_samples += sampler.global_count
+                    samples_here += sampler.global_count
+                    if done % a.log_every == 0:
+                        ctx.allreduce(win)
+                        now = time.monotonic()
+                        if rank == 0:
+                            print("step=%d epoch=%d loss=%.4f samples_per_s=%.0f world=%d" % (
+                                done, epoch, win[0] / win[1], win_samples / (now - win_t),
+                                world), flush=True)
+                        win[:] = 0
+                        win_samples = 0
+                        win_t = now
+            except regroup.Error as e:
+                if not regroup_on(ctx, e):
+                    raise
+                why = "the membership changes" if isinstance(e, regroup.MembershipChanged) \
+                    else "a peer failed"
+                continue
             if rank == 0:
                 acc, tl = evaluate(model, test_x, test_y)
                 print("eval epoch=%d test_loss=%.4f test_accuracy=%.4f" % (epoch, tl, acc),
                       flush=True)
-        if rank == 0:
+        if ctx.rank == 0:
             acc, _ = evaluate(model, test_x, test_y)
             print("world=%d samples_per_s=%.0f" % (
-                world, samples_here / (time.monotonic() - t_start)), flush=True)
+                ctx.world_size, samples_here / (time.monotonic() - t_start)), flush=True)
+            print("params_sha256=%s" % hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+                  flush=True)
             print("test_accuracy=%.4f" % acc, flush=True)
     return 0
+
+
+def regroup_on(ctx, e):
+    """Whether a failed call is one to regroup on (in place only), as the C examples."""
+    return ctx.in_place and (isinstance(e, (regroup.PeerError, regroup.MembershipChanged))
+                             or e.status == "ETIMEDOUT")
+
+
+def train_step(a, ctx, model, opt, grad, params, sampler, win, gstep, total, replacement, x, y):
+    """Global step gstep on this rank's share (x, y): the gradient, its allreduce (which may
+    raise) and Adam's update. Returns the steps the state then holds."""
+    rank = ctx.rank
+    if gstep == a.kill_at and rank == a.kill_rank and ctx.restart_count == 0 and \
+            ctx.round == 0 and not replacement:
+        print("rank %d: killing myself at step %d (--kill-at)" % (rank, gstep),
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    count = sampler.global_count
+    if a.schedule == "cosine":
+        opt.param_groups[0]["lr"] = a.lr * 0.5 * (1 + math.cos(math.pi * gstep / total))
+    grad.zero_()
+    loss = torch.nn.functional.cross_entropy(model(x.float() / 255.0), y, reduction="sum")
+    (loss / count).backward()
+    if params[0].grad.data_ptr() != grad.data_ptr():
+        raise RuntimeError("autograd replaced the flat gradient buffer")
+    ctx.allreduce(grad)          # the sum of the ranks' shares: the batch's mean
+    opt.step()
+    win += (loss.item(), len(y))
+    return gstep + 1
 
 
 if __name__ == "__main__":

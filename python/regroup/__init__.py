@@ -18,13 +18,13 @@ The library is found at $REGROUP_LIBRARY, next to this package, or on the loader
 
 from ._lib import LayoutError, SONAME
 from ._sampler import GlobalSampler, permutation
-from ._status import Error, PeerError
-from ._train import Context, Cursor, init
+from ._status import Error, MembershipChanged, PeerError
+from ._train import Context, Cursor, Regrouped, init
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "Context", "Cursor", "GlobalSampler", "permutation", "Error", "PeerError",
-           "LayoutError", "library_path", "SONAME"]
+__all__ = ["init", "Context", "Cursor", "Regrouped", "GlobalSampler", "permutation", "Error",
+           "PeerError", "MembershipChanged", "LayoutError", "library_path", "SONAME"]
 
 
 def library_path():

@@ -63,6 +63,18 @@ class TrainParams(ctypes.Structure):
                 ("in_place", ctypes.c_bool)]
 
 
+class TrainBuf(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_size_t)]
+
+
+class TrainRegroup(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("bufs", ctypes.POINTER(TrainBuf)),
+                ("n_bufs", ctypes.c_size_t), ("cursor", DataCursor), ("rank", ctypes.c_int),
+                ("world", ctypes.c_int), ("round", ctypes.c_int),
+                ("step_out", ctypes.c_int64), ("source", ctypes.c_int),
+                ("received", ctypes.c_bool)]
+
+
 class CommOpts(ctypes.Structure):
     _fields_ = [("deadline", ctypes.c_uint64), ("mem_type", ctypes.c_int)]
 
@@ -77,6 +89,8 @@ STRUCTS = {
     "rg_report_t": Report,
     "rg_train_state_t": TrainState,
     "rg_train_params_t": TrainParams,
+    "rg_train_buf_t": TrainBuf,
+    "rg_train_regroup_t": TrainRegroup,
     "rg_comm_opts_t": CommOpts,
 }
 
@@ -112,6 +126,9 @@ _PROTOTYPES = {
     "rg_get_checkpoint": (_st, [_P, ctypes.POINTER(ctypes.c_int64)]),
     "rg_train_restore": (_st, [_P, ctypes.c_int64, ctypes.POINTER(CkptRequest), ctypes.c_size_t,
                                ctypes.POINTER(DataCursor), ctypes.POINTER(ctypes.c_int64)]),
+    "rg_train_in_place": (ctypes.c_bool, [_P]),
+    "rg_train_joining": (ctypes.c_bool, [_P]),
+    "rg_train_regroup": (_st, [_P, ctypes.POINTER(TrainRegroup)]),
     # comm.h
     "rg_comm_rank": (ctypes.c_int, [_P]),
     "rg_comm_size": (ctypes.c_int, [_P]),

@@ -61,6 +61,20 @@ class GlobalSampler(_Positioned):
         self._check_cursor()
         self.global_count = 0
 
+    def reshard(self, rank, world_size, cursor=None):
+        """Takes rank of world_size's share from now on (after ctx.regroup()), at `cursor`
+        when given."""
+        rank, world_size = int(rank), int(world_size)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError("regroup: GlobalSampler: rank %d of world_size %d" % (
+                rank, world_size))
+        self.rank = rank
+        self.world_size = world_size
+        self._max = (self.global_batch + self.world_size - 1) // self.world_size
+        self._ids = (ctypes.c_uint32 * self._max)()
+        if cursor is not None:
+            self.cursor = cursor
+
     def _check_cursor(self):
         if self._cur.step >= self.steps_per_epoch:
             raise ValueError("regroup: GlobalSampler: cursor step %d, but an epoch has %d "

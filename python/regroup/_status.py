@@ -24,6 +24,11 @@ class PeerError(Error):
     """A peer failed in a collective (EPEER): the group is unusable; the job must regroup."""
 
 
+class MembershipChanged(Error):
+    """rg_report said the membership changes (EMEMBERS: a replacement is ready, a member was
+    lost, a node leaves), at the same step on every rank: in place, regroup (ctx.regroup)."""
+
+
 def bind(lib):
     global _lib
     _lib = lib
@@ -42,5 +47,5 @@ def check(code, function):
     msg = _lib.rg_last_error().decode(errors="replace")
     if not msg:
         msg = _lib.rg_status_str(code).decode()
-    cls = PeerError if name == "EPEER" else Error
+    cls = {"EPEER": PeerError, "EMEMBERS": MembershipChanged}.get(name, Error)
     raise cls(name, code, msg, function)

@@ -10,6 +10,16 @@ from . import _tensor
 _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 
 
+class Regrouped(collections.namedtuple(
+        "Regrouped", "rank world_size round step source received cursor")):
+    """What ctx.regroup() agreed on: this rank and the world size in the new round, the step
+    every member continues from (its state's completed steps), the rank (new numbering) whose
+    state every member took, whether this rank's buffers were overwritten with it, and the
+    data Cursor that goes with that state."""
+
+    __slots__ = ()
+
+
 class Cursor(collections.namedtuple("Cursor", "seed epoch step")):
     """Where a job is in its data (rg_data_cursor_t): the next global step of an epoch."""
 
@@ -40,29 +50,40 @@ class Context:
     Belongs to the thread that made it. Collective calls (allreduce, broadcast, allgather,
     barrier, latest_checkpoint, restore, and report with state) must be made by every rank in
     the same order. Every call that fails raises regroup.Error (regroup.PeerError when a peer
-    died: the group is then unusable, close the context and let the launcher restart).
+    died: the group is then unusable; regroup.MembershipChanged from report when the
+    membership changes). In place (self.in_place) the worker then calls regroup(); otherwise
+    it closes the context and lets the launcher restart the job.
     """
 
-    def __init__(self, ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0):
+    def __init__(self, ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0,
+                 in_place=False):
         lib = _lib.load()
         self._lib = lib
         self._h = None
         params = _lib.TrainParams(ckpt_dir.encode() if ckpt_dir else None, int(keep_last),
-                                  int(comm_timeout_ms), int(staging_bytes))
+                                  int(comm_timeout_ms), int(staging_bytes), bool(in_place))
         h = ctypes.c_void_p()
         _status.check(lib.rg_train_init(ctypes.byref(params), ctypes.byref(h)), "rg_train_init")
         self._h = h
-        self._comm = ctypes.c_void_p(lib.rg_train_comm(h))
         self._allreduce = lib.rg_comm_allreduce
-        self.rank = lib.rg_train_rank(h)
-        self.world_size = lib.rg_train_world_size(h)
+        self.in_place = bool(lib.rg_train_in_place(h))
+        self._members()
         self.local_rank = lib.rg_train_local_rank(h)
         self.local_world_size = lib.rg_train_local_size(h)
-        self.round = lib.rg_train_round(h)
         self.restart_count = lib.rg_train_restart_count(h)
         root = lib.rg_train_ckpt_root(h)
         self.ckpt_dir = root.decode() if root is not None else None
         self.restored_step = None
+
+    def _members(self):
+        """Rank, world size, round and group from the library (after init and each regroup;
+        a replacement that has not regrouped yet has no group)."""
+        lib, h = self._lib, self._h
+        self._comm = ctypes.c_void_p(lib.rg_train_comm(h))
+        self.joining = bool(lib.rg_train_joining(h))
+        self.rank = lib.rg_train_rank(h)
+        self.world_size = lib.rg_train_world_size(h)
+        self.round = lib.rg_train_round(h)
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -164,6 +185,40 @@ class Context:
         self._handle()
         _status.check(self._lib.rg_comm_barrier(self._comm, self._opts(None, timeout_ms)),
                       "rg_comm_barrier")
+
+    # ---- in place ----------------------------------------------------------------------
+
+    def regroup(self, step, buffers, cursor):
+        """In place (rg_train_regroup): after a collective raised PeerError (or a timeout), or
+        report raised MembershipChanged, on every member; and once by a replacement
+        (self.joining) before any collective. Waits for the next round, builds its group and
+        agrees on the newest state: each of `buffers` (a list of contiguous NumPy arrays or
+        PyTorch CPU tensors, the replicated state, the same count and sizes on every rank)
+        is overwritten in place with the source's. `step` is the steps this rank's buffers
+        hold (completed), `cursor` (a Cursor, or a GlobalSampler's position) the data
+        position after them; a replacement's are ignored. Returns a Regrouped; rank,
+        world_size, round and joining then describe the new round (reshard a GlobalSampler
+        with sampler.reshard(r.rank, r.world_size, r.cursor)). Raises regroup.Error when the
+        regroup fails (the agent then restarts the job from its last checkpoint: exit
+        non-zero), with ENOTSUP when this worker does not recover in place."""
+        h = self._handle()
+        if isinstance(cursor, _Positioned):
+            cursor = cursor.cursor
+        items = list(buffers)
+        bufs = (_lib.TrainBuf * max(len(items), 1))()
+        for i, obj in enumerate(items):
+            t = _tensor.describe(obj, "regroup's buffer %d" % i, writable=True)
+            if t.cuda:
+                raise TypeError("regroup: regroup's buffer %d is a CUDA tensor; the state is "
+                                "exchanged in host memory" % i)
+            bufs[i] = _lib.TrainBuf(t.ptr, t.nbytes)
+        c = cursor._c() if cursor is not None else _lib.DataCursor()
+        rs = _lib.TrainRegroup(int(step), bufs, len(items), c)
+        st = self._lib.rg_train_regroup(h, ctypes.byref(rs))
+        self._members()
+        _status.check(st, "rg_train_regroup")
+        return Regrouped(rs.rank, rs.world, rs.round, rs.step_out, rs.source, bool(rs.received),
+                         Cursor._from_c(rs.cursor))
 
     # ---- checkpoints -------------------------------------------------------------------
 
@@ -284,10 +339,12 @@ def _dtype_name(code):
     return str(code)
 
 
-def init(ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0):
+def init(ckpt_dir=None, keep_last=0, comm_timeout_ms=0, staging_bytes=0, in_place=False):
     """Joins the job from the launcher's environment (rg_train_init): collective, blocks until
     every rank of the round has called it. ckpt_dir defaults to $REGROUP_CKPT_DIR (none if
     unset), keep_last to $REGROUP_CKPT_KEEP or 3, comm_timeout_ms (each collective's default
-    timeout) to $REGROUP_COMM_TIMEOUT_MS or 30000. Returns a Context, also usable as
-    `with regroup.init() as ctx:`."""
-    return Context(ckpt_dir, keep_last, comm_timeout_ms, staging_bytes)
+    timeout) to $REGROUP_COMM_TIMEOUT_MS or 30000. in_place: the program regroups in place
+    (ctx.regroup on PeerError and MembershipChanged); ctx.in_place is then true under
+    `regroup --recovery=in-place` (else false: a failure restarts the job). Returns a
+    Context, also usable as `with regroup.init() as ctx:`."""
+    return Context(ckpt_dir, keep_last, comm_timeout_ms, staging_bytes, in_place)

@@ -1,6 +1,6 @@
 """The package in real jobs under the `regroup` launcher (--standalone: its own private
-etcd): every collective, op and dtype against NumPy at several world sizes, and checkpoints
-saved at 4 ranks and restored at 1, 2 and 3."""
+etcd): every collective, op and dtype against NumPy at several world sizes, checkpoints
+saved at 4 ranks and restored at 1, 2 and 3, and in-place recovery (ctx.regroup)."""
 import os
 import re
 
@@ -66,6 +66,31 @@ def test_example_survives_a_worker_kill(tmp):
     assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
 
 
+@pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
+def test_example_in_place_survives_a_worker_kill(tmp):
+    """The example under --recovery=in-place on 3 ranks, rank 2 SIGKILLed at step 150: the
+    survivors regroup in their own processes (parameters and Adam's state from memory, at
+    world 2 from step 150: no rank finished it), the replacement joins with the state of
+    rank 0, and the job ends without a restart. The steps at world 2 sum the
+    gradient over 2 shares instead of 3, so the floating-point result is not the fault-free
+    run's bit for bit (unlike restart mode at an unchanged world size): only the model's
+    quality is asserted."""
+    pytest.importorskip("torch")
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500",
+            "--kill-at", "150", "--kill-rank", "2"]
+    # No checkpoint directory, as in the test above.
+    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, recovery="in-place")
+    assert rc == 0, out
+    assert "rank 2: killing myself at step 150" in out, out
+    assert "regrouped: a peer failed; round 1 world 2 from step 150, state from rank 0" in out, out
+    assert re.search(r"regrouped: the membership changes; round 2 world 3 from step \d+, "
+                     r"state from rank 0", out), out
+    assert "resumed from" not in out, out
+    assert "restarting the job" not in out, out
+    assert float(final_accuracy(out).split("=")[1]) > 0.8, out
+
+
 EXACT = os.path.join(conftest.HERE, "worker_exact.py")
 
 
@@ -83,3 +108,31 @@ def test_sampler_exactly_once_across_resize_and_kill(tmp):
     # written.
     assert re.search(r"resumed from step (60|55) at world 2", out), out
     assert "exact=1 world=2" in out, out
+
+
+INPLACE = os.path.join(conftest.HERE, "worker_inplace.py")
+
+
+def test_in_place_regroup_after_a_kill_exactly_once(tmp):
+    """3 ranks in place, rank 1 SIGKILLed before step 30's allreduce: the survivors regroup
+    in their own processes at world 2 from step 30 (no rank finished it), the replacement
+    joins at a later step boundary receiving the state from a survivor, and every sample is
+    used once per epoch; the job never restarts."""
+    # 1000 steps: the replacement joins long before the end (survivors that finish first
+    # leave it nobody to join, and the job restarts). No checkpoint directory: the state
+    # comes from memory only. (With one, a background
+    # checkpoint of the old round, refused at its commit once the round moved on, can make
+    # rg_report return ELEASE instead of the membership change.)
+    rc, out = run_job(tmp, 3, [PYTHON, INPLACE, "--kill-at", "30", "--epochs", "40"], max_restarts=2,
+                      recovery="in-place")
+    assert rc == 0, out
+    assert "rank 1: killing myself at step 30" in out, out
+    assert out.count("killing myself") == 1, out
+    assert "regrouped: a peer failed; round 1 world 2 from step 30, state from rank 0" in out, out
+    assert re.search(r"rank \d: pid \d+ started \(joining 1, in place 1\)", out), out
+    m = re.search(r"regrouped: the membership changes; round 2 world 3 from step (\d+), "
+                  r"state from rank 0", out)
+    assert m and int(m.group(1)) > 30, out
+    assert "resumed from" not in out, out
+    assert "the job restarts" not in out, out
+    assert "exact=1 world=3" in out, out

@@ -1,0 +1,111 @@
+"""Run by test_jobs.py under `regroup --recovery=in-place`: the sampler's exactly-once
+property through an in-place regroup.
+
+As worker_exact.py, every rank counts the samples of each step's global batch in `seen`
+(epochs x samples, replicated: the same on every rank), here kept in memory through a
+failure: on PeerError (or a timeout) in the allreduce, or MembershipChanged from report, every
+rank calls ctx.regroup with `seen`, the steps it holds and the cursor after them, and goes on
+from the step the regroup agreed on, at the new rank and world size; a replacement worker
+(ctx.joining) regroups before its first collective and receives `seen` from a survivor. A
+step repeated or skipped across the regroup would leave a count other than 1. Rank 0 prints
+"regrouped: WHY; round R world W from step S, state from rank X" per regroup and at the end
+"exact=1 world=W" (exit 0) or "exact=0 ..." (exit 1). --kill-at STEP: rank 1 SIGKILLs itself
+there, in the job's first round (not a survivor renumbered 1, nor a replacement).
+
+  worker_inplace.py [--kill-at S] [--epochs E]
+"""
+import argparse
+import os
+import signal
+import sys
+
+import numpy as np
+
+import regroup
+
+SAMPLES, BATCH, SEED, EVERY = 200, 8, 11, 5
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--epochs", type=int, default=3)
+    a = ap.parse_args()
+    with regroup.init(in_place=True) as ctx:
+        return run(ctx, a)
+
+
+def regroup_on(ctx, e):
+    """Whether a failed call is one to regroup on (in place only), as the C examples."""
+    return ctx.in_place and (isinstance(e, (regroup.PeerError, regroup.MembershipChanged))
+                             or e.status == "ETIMEDOUT")
+
+
+def run(ctx, a):
+    EPOCHS = a.epochs
+    replacement = ctx.joining
+    print("rank %d: pid %d started (joining %d, in place %d)" % (
+        ctx.rank, os.getpid(), int(ctx.joining), int(ctx.in_place)), file=sys.stderr,
+        flush=True)
+    sampler = regroup.GlobalSampler(SAMPLES, BATCH, SEED, rank=max(ctx.rank, 0),
+                                    world_size=max(ctx.world_size, 1))
+    seen = np.zeros((EPOCHS, SAMPLES), np.int32)
+    done = 0                     # the steps `seen` holds
+    cur = sampler.cursor         # the data position after them
+    why = None
+    if ctx.joining:
+        why = "a replacement joined"
+    else:
+        step = ctx.latest_checkpoint()
+        if step is not None:
+            cur = sampler.cursor = ctx.restore(step, {"seen": seen})
+            done = ctx.restored_step
+            if ctx.rank == 0:
+                print("resumed from step %d at world %d" % (done, ctx.world_size), flush=True)
+    per_epoch = sampler.steps_per_epoch
+    while True:
+        if why is not None:
+            r = ctx.regroup(done, [seen], cur)
+            sampler.reshard(r.rank, r.world_size, r.cursor)
+            done, cur = r.step, r.cursor
+            if r.rank == 0:
+                print("regrouped: %s; round %d world %d from step %d, state from rank %d" % (
+                    why, r.round, r.world_size, r.step, r.source), flush=True)
+            why = None
+        if sampler.epoch >= EPOCHS:
+            break
+        try:
+            epoch = sampler.epoch
+            gstep = epoch * per_epoch + sampler.step
+            if gstep != done:
+                raise RuntimeError("rank %d: cursor at global step %d, state at %d" % (
+                    ctx.rank, gstep, done))
+            if gstep == a.kill_at and ctx.rank == 1 and ctx.round == 0 and \
+                    ctx.restart_count == 0 and not replacement:
+                print("rank 1: killing myself at step %d" % gstep, file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            ids = sampler.next_step()
+            inc = np.zeros((EPOCHS, SAMPLES), np.int32)
+            inc[epoch, ids] += 1
+            ctx.allreduce(inc)
+            seen += inc
+            done = gstep + 1
+            cur = sampler.cursor
+            ctx.report(done, state={"seen": seen} if done % EVERY == 0 else None, cursor=cur)
+        except regroup.Error as e:
+            if not regroup_on(ctx, e):
+                raise
+            why = "the membership changes" if isinstance(e, regroup.MembershipChanged) \
+                else "a peer failed"
+    if ctx.rank == 0:
+        bad = np.argwhere(seen != 1)
+        if len(bad):
+            print("exact=0: %d (epoch, sample) counts are not 1, first %s: %d" % (
+                len(bad), tuple(bad[0]), seen[tuple(bad[0])]), flush=True)
+            return 1
+        print("exact=1 world=%d" % ctx.world_size, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
