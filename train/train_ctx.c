@@ -87,6 +87,7 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     ctx->rank = env->params.rank;
     ctx->world = env->params.size;
     ctx->round = (int)env->round;
+    ctx->fenced_round = -1;
     snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
     rg_log_set_identity(ctx->rank, ctx->round);
     st = rdzv_keys_init(&ctx->keys, ctx->job);
@@ -365,6 +366,9 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
             v[2] = -RG_MAX(snap.deadline_ms - rg_notice_now_ms(), 0);
         }
     }
+    if (ctx->fenced_round == ctx->round) {
+        v[1] = 1;   /* the job has left this round (fenced_in_place): every rank regroups */
+    }
     st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 3, RG_DTYPE_I64, RG_OP_MAX, NULL);
     if (st != RG_OK) {
         return st;
@@ -403,6 +407,21 @@ rg_status_t rg_train_notice(const rg_train_ctx_t *ctx, rg_notice_t *notice)
     return RG_OK;
 }
 
+/* A write of this rank's round (its progress, a checkpoint's commit) refused by the fence,
+ * in place, while this worker's agent lives: the job's round moved on for a planned change
+ * (its agent posts it soon) or a failure elsewhere. Not the end of this worker: the round is
+ * marked so that the step's agreement makes every rank regroup now, and nothing more of it is
+ * written (an uncommitted checkpoint is never visible). Any other result is returned as is. */
+static rg_status_t fenced_in_place(rg_train_ctx_t *ctx, rg_status_t st, const char *what)
+{
+    if (st != RG_ELEASE || !ctx->in_place || check_agent(ctx) != RG_OK) {
+        return st;
+    }
+    rg_info("%s: %s (regrouping in place)", what, rg_last_error());
+    ctx->fenced_round = ctx->round;
+    return RG_OK;
+}
+
 /* rg_report's progress and checkpoint. */
 static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
                                const rg_train_state_t *state)
@@ -412,15 +431,7 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
 
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
-        st = publish_progress(ctx, report);
-        if (st == RG_ELEASE && ctx->in_place && check_agent(ctx) == RG_OK) {
-            /* In place the job's round moves on while this worker's agent lives: a planned
-             * change its agent posts next (the agreement below returns it). Until then this
-             * round's progress is not recorded, and a checkpoint of it is refused at its
-             * commit, never half-visible. */
-            rg_info("progress not published: %s (regrouping in place)", rg_last_error());
-            st = RG_OK;
-        }
+        st = fenced_in_place(ctx, publish_progress(ctx, report), "progress not published");
         if (st != RG_OK) {
             /* Fenced: this rank's round is over for the job; nothing it does counts. */
             rg_error_log("%s", rg_last_error());
@@ -432,14 +443,17 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     }
     /* Surface a background failure of the previous checkpoint at the next report. */
     if (ctx->save != NULL && rg_ckpt_save_status(ctx->save) != RG_INPROGRESS) {
-        st = finish_save(ctx);
+        st = fenced_in_place(ctx, finish_save(ctx), "checkpoint not committed");
     }
     if (state == NULL || ctx->ckpt == NULL) {
         return st;
     }
     /* One save staged at a time. A failure of the previous one found above is kept: it is
      * the caller's only word that that checkpoint never landed. */
-    prev = st != RG_OK ? st : finish_save(ctx);
+    prev = st != RG_OK ? st : fenced_in_place(ctx, finish_save(ctx), "checkpoint not committed");
+    if (prev == RG_OK && ctx->fenced_round == ctx->round) {
+        return RG_OK;   /* no checkpoint of a round the job has left: the regroup is due */
+    }
     st = train_save_start(ctx, report->step, state);
     return prev != RG_OK ? prev : st;
 }

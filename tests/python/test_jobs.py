@@ -79,8 +79,8 @@ def test_example_in_place_survives_a_worker_kill(tmp):
     pytest.importorskip("torch")
     args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500",
             "--kill-at", "150", "--kill-rank", "2"]
-    # No checkpoint directory, as in the test above.
-    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, recovery="in-place")
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, env=env, recovery="in-place")
     assert rc == 0, out
     assert "rank 2: killing myself at step 150" in out, out
     assert "regrouped: a peer failed; round 1 world 2 from step 150, state from rank 0" in out, out
@@ -119,12 +119,12 @@ def test_in_place_regroup_after_a_kill_exactly_once(tmp):
     joins at a later step boundary receiving the state from a survivor, and every sample is
     used once per epoch; the job never restarts."""
     # 1000 steps: the replacement joins long before the end (survivors that finish first
-    # leave it nobody to join, and the job restarts). No checkpoint directory: the state
-    # comes from memory only. (With one, a background
-    # checkpoint of the old round, refused at its commit once the round moved on, can make
-    # rg_report return ELEASE instead of the membership change.)
-    rc, out = run_job(tmp, 3, [PYTHON, INPLACE, "--kill-at", "30", "--epochs", "40"], max_restarts=2,
-                      recovery="in-place")
+    # leave it nobody to join, and the job restarts). With a checkpoint directory: a
+    # background checkpoint of the old round is refused at its commit once the round moved
+    # on, and that must be a regroup, not the end of the worker; the state comes from memory.
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, [PYTHON, INPLACE, "--kill-at", "30", "--epochs", "40"],
+                      max_restarts=2, env=env, recovery="in-place")
     assert rc == 0, out
     assert "rank 1: killing myself at step 30" in out, out
     assert out.count("killing myself") == 1, out
