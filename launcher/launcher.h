@@ -17,7 +17,8 @@
  * SIGPIPE disposition it changed, so an in-process caller gets its process back as it was.
  *
  * launcher_params.c  the parameters: defaults, validation, --print-config, etcd parameters.
- * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters.
+ * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters;
+ *                    the subcommands' arguments read the same way (launcher_sub_arg).
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
  * launcher_inplace.c --recovery=in-place: the workers' pipe, replacing one worker, and
@@ -196,6 +197,12 @@ int  launcher_parse(int argc, char **argv, rg_agent_params_t *p, bool *print_con
 /* Parses one --rdzv-conf value into p (`regroup status` takes the same). 0, or 2 after
  * printing a one-line error naming the bad key. */
 int  launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf);
+/* One argument of a subcommand (`regroup status`, `regroup etcd-grant`) at argv[*i]: its name,
+ * '_' read as '-', into name[cap], and into *value what follows its '=', or else for a "--"
+ * option other than --help the next argument (*i then moves onto it), or else NULL. Returns 0,
+ * or 2 after printing "CMD: ARG: unknown option" for a name that does not fit in name. */
+int  launcher_sub_arg(const char *cmd, int argc, char **argv, int *i, char *name, size_t cap,
+                      const char **value);
 void launcher_usage(FILE *out);
 /* Under srun (SLURM_JOB_ID and SLURM_STEP_ID set), fills the settings no flag or REGROUP_*
  * variable gave from Slurm's variables: rdzv_id from SLURM_JOB_ID, nnodes N:N from

@@ -123,46 +123,37 @@ int launcher_grant_main(int argc, char **argv)
     rg_agent_params_init(&cfg);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = strchr(a, '=');
+        const char *v;
         char name[64];
-        size_t n = v ? (size_t)(v - a) : strlen(a);
-        if (n >= sizeof(name)) {
-            fprintf(stderr, "regroup etcd-grant: %s: unknown option\n", a);
+        if (launcher_sub_arg("regroup etcd-grant", argc, argv, &i, name, sizeof(name), &v) != 0) {
             return 2;
         }
-        for (size_t k = 0; k < n; k++) {
-            name[k] = a[k] == '_' ? '-' : a[k];
-        }
-        name[n] = '\0';
         if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
             grant_usage(stdout);
             return 0;
-        }
-        if (v == NULL && i + 1 < argc && strncmp(name, "--", 2) == 0) {
-            v = argv[++i] - 1;   /* "--opt value": point one before so v + 1 is the value */
         }
         if (v == NULL) {
             fprintf(stderr, "regroup etcd-grant: %s: unknown option or missing value\n", a);
             return 2;
         }
         if (strcmp(name, "--rdzv-endpoint") == 0) {
-            endpoint = v + 1;
+            endpoint = v;
         } else if (strcmp(name, "--rdzv-id") == 0 || strcmp(name, "--job-id") == 0) {
-            job = v + 1;
+            job = v;
         } else if (strcmp(name, "--user") == 0) {
-            user = v + 1;
+            user = v;
         } else if (strcmp(name, "--password-file") == 0) {
-            pw_file = v + 1;
+            pw_file = v;
         } else if (strcmp(name, "--admin-user") == 0) {
-            admin = v + 1;
+            admin = v;
         } else if (strcmp(name, "--admin-password-file") == 0) {
-            admin_pw_file = v + 1;
+            admin_pw_file = v;
         } else if (strcmp(name, "--password") == 0 || strcmp(name, "--admin-password") == 0) {
             fprintf(stderr, "regroup etcd-grant: %s: passwords are read from files only "
                     "(%s-file)\n", name, name);
             return 2;
         } else if (strcmp(name, "--rdzv-conf") == 0) {
-            if (launcher_parse_rdzv_conf(&cfg, v + 1) != 0) {
+            if (launcher_parse_rdzv_conf(&cfg, v) != 0) {
                 return 2;
             }
         } else {

@@ -284,6 +284,40 @@ int launcher_parse_rdzv_conf(rg_agent_params_t *p, const char *conf)
     return parse_rdzv_conf(p, conf, "--rdzv-conf");
 }
 
+/* name[0..len) into out[cap] with '_' read as '-' (both spellings of an option are one);
+ * false if it does not fit. */
+static bool norm_name(const char *name, size_t len, char *out, size_t cap)
+{
+    if (len >= cap) {
+        return false;
+    }
+    for (size_t i = 0; i < len; i++) {
+        out[i] = name[i] == '_' ? '-' : name[i];
+    }
+    out[len] = '\0';
+    return true;
+}
+
+int launcher_sub_arg(const char *cmd, int argc, char **argv, int *i, char *name, size_t cap,
+                     const char **value)
+{
+    const char *a = argv[*i];
+    const char *eq = strchr(a, '=');
+
+    if (!norm_name(a, eq ? (size_t)(eq - a) : strlen(a), name, cap)) {
+        fprintf(stderr, "%s: %s: unknown option\n", cmd, a);
+        return 2;
+    }
+    if (eq != NULL) {
+        *value = eq + 1;
+    } else if (*i + 1 < argc && strncmp(name, "--", 2) == 0 && strcmp(name, "--help") != 0) {
+        *value = argv[++*i];
+    } else {
+        *value = NULL;
+    }
+    return 0;
+}
+
 static int apply_nnodes(rg_agent_params_t *p, const opt_t *o, const char *v, const char *src)
 {
     const char *colon = strchr(v, ':');
@@ -523,13 +557,9 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
 static const opt_t *find_long(const char *name, size_t len)
 {
     char norm[64];
-    if (len >= sizeof(norm)) {
+    if (!norm_name(name, len, norm, sizeof(norm))) {
         return NULL;
     }
-    for (size_t i = 0; i < len; i++) {
-        norm[i] = name[i] == '_' ? '-' : name[i];
-    }
-    norm[len] = '\0';
     for (size_t i = 0; i < RG_ARRAY_SIZE(opts); i++) {
         if (strcmp(opts[i].name, norm) == 0) {
             return &opts[i];

@@ -13,27 +13,17 @@ int launcher_status_main(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = strchr(a, '=');
+        const char *v;
         char name[64];
-        size_t n = v ? (size_t)(v - a) : strlen(a);
-        if (n >= sizeof(name)) {
-            fprintf(stderr, "regroup status: %s: unknown option\n", a);
+        if (launcher_sub_arg("regroup status", argc, argv, &i, name, sizeof(name), &v) != 0) {
             return 2;
         }
-        for (size_t k = 0; k < n; k++) {
-            name[k] = a[k] == '_' ? '-' : a[k];
-        }
-        name[n] = '\0';
-        if (v == NULL && i + 1 < argc && strncmp(name, "--", 2) == 0 &&
-            strcmp(name, "--help") != 0) {
-            v = argv[++i] - 1;   /* "--opt value": point one before so v + 1 is the value */
-        }
         if (strcmp(name, "--rdzv-endpoint") == 0 && v) {
-            endpoint = v + 1;
+            endpoint = v;
         } else if (strcmp(name, "--rdzv-id") == 0 && v) {
-            job = v + 1;
+            job = v;
         } else if (strcmp(name, "--rdzv-conf") == 0 && v) {
-            if (launcher_parse_rdzv_conf(&cfg, v + 1) != 0) {
+            if (launcher_parse_rdzv_conf(&cfg, v) != 0) {
                 return 2;
             }
         } else if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {

@@ -64,82 +64,65 @@ rg_status_t etcd_header_revision(const json_t *reply, int64_t *rev)
 
 /* ---- request builders (shared by the plain calls and txn ops) --------------------------- */
 
-static json_t *range_body(const rg_etcd_range_req_t *req, rg_status_t *st)
+/* Each fills the request object b (op_body makes it and frees it on an error). */
+static rg_status_t range_fill(json_t *b, const rg_etcd_range_req_t *req)
 {
-    json_t *b = json_object();
-    if (b == NULL) {
-        *st = rg_error(RG_ENOMEM, "etcd: range request");
-        return NULL;
+    rg_status_t st = etcd_json_set_range(b, req->key, req->range_end, req->prefix);
+    if (st == RG_OK && req->limit > 0) {
+        st = etcd_json_set_i64(b, "limit", req->limit);
     }
-    *st = etcd_json_set_range(b, req->key, req->range_end, req->prefix);
-    if (*st == RG_OK && req->limit > 0) {
-        *st = etcd_json_set_i64(b, "limit", req->limit);
+    if (st == RG_OK && req->revision > 0) {
+        st = etcd_json_set_i64(b, "revision", req->revision);
     }
-    if (*st == RG_OK && req->revision > 0) {
-        *st = etcd_json_set_i64(b, "revision", req->revision);
-    }
-    if (*st == RG_OK && req->keys_only) {
+    if (st == RG_OK && req->keys_only) {
         json_object_set_new(b, "keys_only", json_true());
     }
-    if (*st == RG_OK && req->count_only) {
+    if (st == RG_OK && req->count_only) {
         json_object_set_new(b, "count_only", json_true());
     }
-    if (*st == RG_OK && (req->limit < 0 || req->revision < 0)) {
-        *st = rg_error(RG_EINVAL, "etcd: negative limit or revision in range of %s", req->key);
+    if (st == RG_OK && (req->limit < 0 || req->revision < 0)) {
+        st = rg_error(RG_EINVAL, "etcd: negative limit or revision in range of %s", req->key);
     }
-    if (*st != RG_OK) {
-        json_decref(b);
-        return NULL;
-    }
-    return b;
+    return st;
 }
 
-static json_t *put_body(const rg_etcd_put_req_t *req, rg_status_t *st)
+static rg_status_t put_fill(json_t *b, const rg_etcd_put_req_t *req)
 {
-    json_t *b = json_object();
-    if (b == NULL) {
-        *st = rg_error(RG_ENOMEM, "etcd: put request");
-        return NULL;
+    rg_status_t st = etcd_json_set_range(b, req->key, NULL, false);
+    if (st == RG_OK && req->value == NULL && req->value_len > 0) {
+        st = rg_error(RG_EINVAL, "etcd: put of %s has a length but no value", req->key);
     }
-    *st = etcd_json_set_range(b, req->key, NULL, false);
-    if (*st == RG_OK && req->value == NULL && req->value_len > 0) {
-        *st = rg_error(RG_EINVAL, "etcd: put of %s has a length but no value", req->key);
+    if (st == RG_OK) {
+        st = etcd_json_set_b64(b, "value", req->value ? req->value : "", req->value_len);
     }
-    if (*st == RG_OK) {
-        *st = etcd_json_set_b64(b, "value", req->value ? req->value : "", req->value_len);
+    if (st == RG_OK && req->lease != 0) {
+        st = etcd_json_set_i64(b, "lease", req->lease);
     }
-    if (*st == RG_OK && req->lease != 0) {
-        *st = etcd_json_set_i64(b, "lease", req->lease);
-    }
-    if (*st == RG_OK && req->prev_kv) {
+    if (st == RG_OK && req->prev_kv) {
         json_object_set_new(b, "prev_kv", json_true());
     }
-    if (*st != RG_OK) {
-        json_decref(b);
-        return NULL;
-    }
-    return b;
+    return st;
 }
 
-static json_t *delete_body(const rg_etcd_delete_req_t *req, rg_status_t *st)
+static rg_status_t delete_fill(json_t *b, const rg_etcd_delete_req_t *req)
 {
-    json_t *b = json_object();
-    if (b == NULL) {
-        *st = rg_error(RG_ENOMEM, "etcd: delete request");
-        return NULL;
-    }
-    *st = etcd_json_set_range(b, req->key, req->range_end, req->prefix);
-    if (*st == RG_OK && req->prev_kv) {
+    rg_status_t st = etcd_json_set_range(b, req->key, req->range_end, req->prefix);
+    if (st == RG_OK && req->prev_kv) {
         json_object_set_new(b, "prev_kv", json_true());
     }
-    if (*st != RG_OK) {
-        json_decref(b);
-        return NULL;
-    }
-    return b;
+    return st;
 }
 
 /* ---- response parsers ------------------------------------------------------------------- */
+
+/* Frees kvs[0..n) and the array. */
+static void kvs_free(rg_etcd_kv_t *kvs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        rg_etcd_kv_cleanup(&kvs[i]);
+    }
+    free(kvs);
+}
 
 static rg_status_t parse_kvs(const json_t *arr, rg_etcd_kv_t **kvs_p, size_t *n_p)
 {
@@ -164,10 +147,7 @@ static rg_status_t parse_kvs(const json_t *arr, rg_etcd_kv_t **kvs_p, size_t *n_
     for (size_t i = 0; i < n; i++) {
         rg_status_t st = etcd_kv_parse(json_array_get(arr, i), &kvs[i]);
         if (st != RG_OK) {
-            for (size_t j = 0; j < i; j++) {
-                rg_etcd_kv_cleanup(&kvs[j]);
-            }
-            free(kvs);
+            kvs_free(kvs, i);
             return st;
         }
     }
@@ -223,12 +203,15 @@ static rg_status_t parse_op_body(const json_t *r, rg_etcd_op_type_t type,
                                  rg_etcd_op_result_t *out);
 static void op_result_cleanup(rg_etcd_op_result_t *r);
 
+/* Sends op and parses its response into *out, or, for a caller that does not want the
+ * response (out NULL), checks it and frees it. */
 static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_deadline_t deadline,
                            rg_etcd_op_result_t *out)
 {
     static const char *const paths[] = {"/v3/kv/range", "/v3/kv/put", "/v3/kv/deleterange"};
     json_t *body;
     json_t *reply = NULL;
+    rg_etcd_op_result_t unwanted;
     rg_status_t st;
 
     if (client == NULL) {
@@ -243,8 +226,11 @@ static rg_status_t kv_call(rg_etcd_t *client, const rg_etcd_op_t *op, rg_deadlin
     if (st != RG_OK) {
         return st;
     }
-    st = parse_op_body(reply, op->type, out);
+    st = parse_op_body(reply, op->type, out ? out : &unwanted);
     json_decref(reply);
+    if (st == RG_OK && out == NULL) {
+        op_result_cleanup(&unwanted);
+    }
     return st;
 }
 
@@ -270,10 +256,7 @@ void rg_etcd_range_cleanup(rg_etcd_range_t *res)
     if (res == NULL) {
         return;
     }
-    for (size_t i = 0; i < res->n_kvs; i++) {
-        rg_etcd_kv_cleanup(&res->kvs[i]);
-    }
-    free(res->kvs);
+    kvs_free(res->kvs, res->n_kvs);
     res->kvs = NULL;
     res->n_kvs = 0;
 }
@@ -316,11 +299,9 @@ rg_status_t rg_etcd_put(rg_etcd_t *client, const rg_etcd_put_req_t *req,
         return rg_error(RG_EINVAL, "etcd put: NULL argument");
     }
     rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT, .u.put = *req};
-    st = kv_call(client, &op, deadline, &out);
+    st = kv_call(client, &op, deadline, res ? &out : NULL);
     if (st == RG_OK && res != NULL) {
         *res = out.u.put;
-    } else if (st == RG_OK) {
-        op_result_cleanup(&out);
     }
     return st;
 }
@@ -359,11 +340,9 @@ rg_status_t rg_etcd_delete(rg_etcd_t *client, const rg_etcd_delete_req_t *req,
         return rg_error(RG_EINVAL, "etcd delete: NULL argument");
     }
     rg_etcd_op_t op = {.type = RG_ETCD_OP_DELETE, .u.del = *req};
-    st = kv_call(client, &op, deadline, &out);
+    st = kv_call(client, &op, deadline, res ? &out : NULL);
     if (st == RG_OK && res != NULL) {
         *res = out.u.del;
-    } else if (st == RG_OK) {
-        op_result_cleanup(&out);
     }
     return st;
 }
@@ -373,10 +352,7 @@ void rg_etcd_delete_cleanup(rg_etcd_delete_t *res)
     if (res == NULL) {
         return;
     }
-    for (size_t i = 0; i < res->n_prev; i++) {
-        rg_etcd_kv_cleanup(&res->prev_kvs[i]);
-    }
-    free(res->prev_kvs);
+    kvs_free(res->prev_kvs, res->n_prev);
     res->prev_kvs = NULL;
     res->n_prev = 0;
 }
@@ -423,16 +399,34 @@ static json_t *cmp_json(const rg_etcd_cmp_t *c, rg_status_t *st)
 
 static json_t *op_body(const rg_etcd_op_t *op, rg_status_t *st)
 {
+    static const char *const names[] = {"range", "put", "delete"};
+    json_t *b;
+
+    if ((unsigned)op->type >= RG_ARRAY_SIZE(names)) {
+        *st = rg_error(RG_EINVAL, "etcd: op of unknown type %d", (int)op->type);
+        return NULL;
+    }
+    b = json_object();
+    if (b == NULL) {
+        *st = rg_error(RG_ENOMEM, "etcd: %s request", names[op->type]);
+        return NULL;
+    }
     switch (op->type) {
     case RG_ETCD_OP_RANGE:
-        return range_body(&op->u.range, st);
+        *st = range_fill(b, &op->u.range);
+        break;
     case RG_ETCD_OP_PUT:
-        return put_body(&op->u.put, st);
+        *st = put_fill(b, &op->u.put);
+        break;
     case RG_ETCD_OP_DELETE:
-        return delete_body(&op->u.del, st);
+        *st = delete_fill(b, &op->u.del);
+        break;
     }
-    *st = rg_error(RG_EINVAL, "etcd: op of unknown type %d", (int)op->type);
-    return NULL;
+    if (*st != RG_OK) {
+        json_decref(b);
+        return NULL;
+    }
+    return b;
 }
 
 static json_t *op_json(const rg_etcd_op_t *op, rg_status_t *st)

@@ -123,6 +123,14 @@ static bool get_str(const json_t *o, const char *name, char *buf, size_t cap)
     return true;
 }
 
+/* {"agent","addr"}, the agent not empty: who a node, waiting, closed-member or leaving record
+ * speaks of. */
+static bool who_get(const json_t *o, char agent[RG_RDZV_ID_MAX], char addr[RG_RDZV_ADDR_MAX])
+{
+    return get_str(o, "agent", agent, RG_RDZV_ID_MAX) && agent[0] != '\0' &&
+           get_str(o, "addr", addr, RG_RDZV_ADDR_MAX);
+}
+
 /* Serialises and frees doc; *text_p is malloc'd. */
 static rg_status_t dump(const char *what, json_t *doc, char **text_p)
 {
@@ -154,8 +162,7 @@ rg_status_t rdzv_rec_node_decode(const char *v, size_t len, rdzv_node_rec_t *out
     if (j == NULL) {
         return RG_EPROTO;
     }
-    ok = get_str(j, "agent", n.agent, sizeof(n.agent)) && n.agent[0] != '\0' &&
-         get_str(j, "addr", n.addr, sizeof(n.addr)) && get_int(j, "nproc", 0, 4096, &n.nproc) &&
+    ok = who_get(j, n.agent, n.addr) && get_int(j, "nproc", 0, 4096, &n.nproc) &&
          get_int(j, "port", 0, 65535, &n.port) &&
          get_int(j, "prev_round", -1, RDZV_ROUND_MAX, &n.prev_round) &&
          get_int(j, "prev_rank", -1, RG_RDZV_MAX_NODES * 2, &n.prev_rank);
@@ -178,8 +185,7 @@ rg_status_t rdzv_rec_waiting_encode(const rg_rdzv_member_t *m, char **text_p)
 /* {"agent","addr","nproc"} into *m: the member entry of a closed record is the same shape. */
 static bool member_get(const json_t *o, rg_rdzv_member_t *m)
 {
-    return get_str(o, "agent", m->agent, sizeof(m->agent)) && m->agent[0] != '\0' &&
-           get_str(o, "addr", m->addr, sizeof(m->addr)) && get_int(o, "nproc", 0, 4096, &m->nproc);
+    return who_get(o, m->agent, m->addr) && get_int(o, "nproc", 0, 4096, &m->nproc);
 }
 
 rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t *out)
@@ -556,9 +562,7 @@ rg_status_t rdzv_rec_leaving_decode(const char *v, size_t len, rdzv_leaving_rec_
     if (j == NULL) {
         return RG_EPROTO;
     }
-    ok = get_str(j, "agent", l.agent, sizeof(l.agent)) && l.agent[0] != '\0' &&
-         get_str(j, "addr", l.addr, sizeof(l.addr)) &&
-         get_str(j, "reason", l.reason, sizeof(l.reason)) &&
+    ok = who_get(j, l.agent, l.addr) && get_str(j, "reason", l.reason, sizeof(l.reason)) &&
          get_real(j, "deadline", &l.deadline) && isfinite(l.deadline) &&
          get_real(j, "time", &l.time) && isfinite(l.time);
     json_decref(j);
