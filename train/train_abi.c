@@ -49,6 +49,8 @@ static const abi_struct_t abi_structs[] = {
       F(rg_train_regroup_t, cursor), F(rg_train_regroup_t, rank), F(rg_train_regroup_t, world),
       F(rg_train_regroup_t, round), F(rg_train_regroup_t, step_out),
       F(rg_train_regroup_t, source), F(rg_train_regroup_t, received)}},
+    {"rg_notice_t", sizeof(rg_notice_t), 3,
+     {F(rg_notice_t, kinds), F(rg_notice_t, own), F(rg_notice_t, ms_left)}},
     {"rg_comm_opts_t", sizeof(rg_comm_opts_t), 2,
      {F(rg_comm_opts_t, deadline), F(rg_comm_opts_t, mem_type)}},
 };

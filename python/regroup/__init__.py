@@ -9,7 +9,13 @@
         for ids in sampler:
             ...                                   # gradients into `grads`
             ctx.allreduce(grads, op="sum")
-            ctx.report(step, metrics={"loss": l}, state={"params": flat}, cursor=sampler)
+            try:
+                ctx.report(step, metrics={"loss": l}, state={"params": flat}, cursor=sampler)
+            except regroup.MembershipChanged as e:
+                if not e.notice.preempt:
+                    raise
+                ctx.leave(step, cursor=sampler)   # a node leaves: its last checkpoint
+                break                             # exit 0; the job resumes from `step`
 
 Tensors are NumPy arrays or PyTorch CPU tensors, contiguous, of dtype float32, float64,
 float16, bfloat16, int32, int64 or uint8, passed to the library by address (never copied).
@@ -19,12 +25,12 @@ The library is found at $REGROUP_LIBRARY, next to this package, or on the loader
 from ._lib import LayoutError, SONAME
 from ._sampler import GlobalSampler, permutation
 from ._status import Error, MembershipChanged, PeerError
-from ._train import Context, Cursor, Regrouped, init
+from ._train import Context, Cursor, Notice, Regrouped, init
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "Context", "Cursor", "Regrouped", "GlobalSampler", "permutation", "Error",
-           "PeerError", "MembershipChanged", "LayoutError", "library_path", "SONAME"]
+__all__ = ["init", "Context", "Cursor", "Notice", "Regrouped", "GlobalSampler", "permutation",
+           "Error", "PeerError", "MembershipChanged", "LayoutError", "library_path", "SONAME"]
 
 
 def library_path():

@@ -75,6 +75,14 @@ class TrainRegroup(ctypes.Structure):
                 ("received", ctypes.c_bool)]
 
 
+class Notice(ctypes.Structure):
+    _fields_ = [("kinds", ctypes.c_uint), ("own", ctypes.c_uint), ("ms_left", ctypes.c_int64)]
+
+
+RG_NOTICE_PREEMPT = 1
+RG_NOTICE_MEMBERS = 2
+
+
 class CommOpts(ctypes.Structure):
     _fields_ = [("deadline", ctypes.c_uint64), ("mem_type", ctypes.c_int)]
 
@@ -91,6 +99,7 @@ STRUCTS = {
     "rg_train_params_t": TrainParams,
     "rg_train_buf_t": TrainBuf,
     "rg_train_regroup_t": TrainRegroup,
+    "rg_notice_t": Notice,
     "rg_comm_opts_t": CommOpts,
 }
 
@@ -129,6 +138,8 @@ _PROTOTYPES = {
     "rg_train_in_place": (ctypes.c_bool, [_P]),
     "rg_train_joining": (ctypes.c_bool, [_P]),
     "rg_train_regroup": (_st, [_P, ctypes.POINTER(TrainRegroup)]),
+    "rg_train_notice": (_st, [_P, ctypes.POINTER(Notice)]),
+    "rg_train_leave": (_st, [_P, ctypes.POINTER(Report), ctypes.POINTER(TrainState)]),
     # comm.h
     "rg_comm_rank": (ctypes.c_int, [_P]),
     "rg_comm_size": (ctypes.c_int, [_P]),

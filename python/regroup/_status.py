@@ -26,7 +26,11 @@ class PeerError(Error):
 
 class MembershipChanged(Error):
     """rg_report said the membership changes (EMEMBERS: a replacement is ready, a member was
-    lost, a node leaves), at the same step on every rank: in place, regroup (ctx.regroup)."""
+    lost, a node leaves), at the same step on every rank. From ctx.report, .notice (a
+    regroup.Notice) says what: on notice.preempt take the last checkpoint (ctx.leave); in
+    place, regroup (ctx.regroup) unless this rank's own node leaves (notice.leaving)."""
+
+    notice = None
 
 
 def bind(lib):

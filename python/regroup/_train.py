@@ -37,6 +37,21 @@ class Cursor(collections.namedtuple("Cursor", "seed epoch step")):
         return cls(c.seed, c.epoch, c.step)
 
 
+class Notice(collections.namedtuple("Notice", "preempt members leaving ms_left")):
+    """The notices a report agreed on (rg_notice_t): preempt, some node of the job leaves (a
+    cloud's preemption notice, or SIGTERM); members, a planned membership change (a join, a
+    ready replacement, in place a node that left); leaving, this rank's own node is the one
+    that leaves; ms_left, the least time left over the ranks (-1: no deadline)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _from_c(cls, n):
+        own = n.own & (1 << _lib.RG_NOTICE_PREEMPT)
+        return cls(bool(n.kinds & (1 << _lib.RG_NOTICE_PREEMPT)),
+                   bool(n.kinds & (1 << _lib.RG_NOTICE_MEMBERS)), bool(own), int(n.ms_left))
+
+
 def _deadline(lib, timeout_ms):
     if timeout_ms is None:
         return 0
@@ -264,13 +279,59 @@ class Context:
         ({name: tensor}, the same on every rank), also starts an asynchronous checkpoint of
         it at `step`: each rank saves its share of every tensor's rows (dim 0), copying them
         before this returns, and rank 0 saves `cursor` (a Cursor, or a GlobalSampler's
-        position). Collective with state: every rank reports state at the same steps."""
+        position). Collective with state: every rank reports state at the same steps.
+        Under the launcher it is also the step boundary where notices arrive: it raises
+        regroup.MembershipChanged, on every rank at the same step, with .notice (a Notice)
+        saying what: a node leaves (notice.preempt; notice.leaving when it is this rank's:
+        then take the last checkpoint with leave()) or the membership changes."""
         h = self._handle()
+        keep = []
+        rep, cursor = self._report(step, metrics, cursor, epoch, keep)
+        st_p = None
+        if state is not None:
+            st_p = ctypes.byref(self._state(state, cursor, keep))
+        st = self._lib.rg_report(h, ctypes.byref(rep), st_p)
+        try:
+            _status.check(st, "rg_report")
+        except _status.MembershipChanged as e:
+            e.notice = self.notice()
+            raise
+
+    def notice(self):
+        """What the last report agreed on (rg_train_notice): a Notice, the same kinds on
+        every rank; ms_left counts down from that report. Never blocks."""
+        n = _lib.Notice()
+        _status.check(self._lib.rg_train_notice(self._handle(), ctypes.byref(n)),
+                      "rg_train_notice")
+        return Notice._from_c(n)
+
+    def leave(self, step, state=None, cursor=None, metrics=None, epoch=None):
+        """The last checkpoint before a node leaves (rg_train_leave), after report raised
+        MembershipChanged with notice.preempt, on every rank with the step it reported
+        there: saves `state` at `step` (not needed when that report already saved it) and
+        waits, within the notice's time left, for its commit. True: committed, the job
+        resumes from `step` with no step lost; False: too little time, the job resumes from
+        the checkpoint before. Either way the same on every rank, and a restart-mode worker
+        (or, in place, one whose notice.leaving is true) then returns from its program
+        (exit 0); in place the others regroup. Collective."""
+        h = self._handle()
+        keep = []
+        rep, cursor = self._report(step, metrics, cursor, epoch, keep)
+        st_p = None
+        if state is not None:
+            st_p = ctypes.byref(self._state(state, cursor, keep))
+        st = self._lib.rg_train_leave(h, ctypes.byref(rep), st_p)
+        if st != 0 and _status.status_name(st) == "ETIMEDOUT":
+            return False
+        _status.check(st, "rg_train_leave")
+        return True
+
+    def _report(self, step, metrics, cursor, epoch, keep):
+        """The rg_report_t of report() and leave(), and the cursor as a Cursor."""
         if isinstance(cursor, _Positioned):
             cursor = cursor.cursor
         if epoch is None:
             epoch = cursor.epoch if cursor is not None else 0
-        keep = []
         mlist = list((metrics or {}).items())
         if len(mlist) > _lib.RG_TRAIN_MAX_METRICS:
             raise ValueError("regroup: report: %d metrics, at most %d" % (
@@ -280,12 +341,8 @@ class Context:
             b = _name_bytes(k)
             keep.append(b)
             marr[i] = _lib.Metric(b, float(v))
-        rep = _lib.Report(int(step), int(epoch), marr, len(mlist))
-        st_p = None
-        if state is not None:
-            st_p = ctypes.byref(self._state(state, cursor, keep))
-        st = self._lib.rg_report(h, ctypes.byref(rep), st_p)
-        _status.check(st, "rg_report")
+        keep.append(marr)
+        return _lib.Report(int(step), int(epoch), marr, len(mlist)), cursor
 
     def _state(self, state, cursor, keep):
         items = list(state.items())

@@ -3,6 +3,9 @@ etcd): every collective, op and dtype against NumPy at several world sizes, chec
 saved at 4 ranks and restored at 1, 2 and 3, and in-place recovery (ctx.regroup)."""
 import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -11,6 +14,7 @@ from conftest import PYTHON, run_job, worker_env
 
 OPS = os.path.join(conftest.HERE, "worker_ops.py")
 CKPT = os.path.join(conftest.HERE, "worker_ckpt.py")
+EXACT = os.path.join(conftest.HERE, "worker_exact.py")
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -136,3 +140,50 @@ def test_in_place_regroup_after_a_kill_exactly_once(tmp):
     assert "resumed from" not in out, out
     assert "the job restarts" not in out, out
     assert "exact=1 world=3" in out, out
+
+
+def committed_steps(ckpt):
+    """The steps with a committed checkpoint (a MANIFEST) in the directory ckpt."""
+    names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
+    return [int(n[5:]) for n in names if n.startswith("step-") and
+            os.path.exists(os.path.join(ckpt, n, "MANIFEST"))]
+
+
+def test_sigterm_takes_a_last_checkpoint_and_the_job_resumes_from_it(tmp):
+    """SIGTERM to the launcher of a restart-mode job (a scheduler's stop; a cloud's soft-off):
+    every rank learns it from report at the same step (MembershipChanged, notice.preempt),
+    takes the last checkpoint of that step with ctx.leave and exits 0. The job started again
+    on the same checkpoint directory resumes from exactly that step (no step lost) and every
+    sample is used once per epoch."""
+    ckpt = os.path.join(tmp, "ckpt")
+    env = worker_env(tmp, REGROUP_CKPT_DIR=ckpt)
+    args = [PYTHON, EXACT, "--epochs", "100"]   # 2500 steps, a checkpoint every 5
+    log_path = os.path.join(tmp, "first.log")
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen([os.path.join(conftest.BUILD, "regroup"), "--standalone",
+                              "--nproc-per-node=2"] + args, env=env, stdout=log,
+                             stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not committed_steps(ckpt) and p.poll() is None and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert committed_steps(ckpt), "no checkpoint committed in 120 s"
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    with open(log_path, errors="replace") as f:
+        out = f.read()
+    assert rc in (128 + signal.SIGTERM, -signal.SIGTERM), out
+    m = re.search(r"left at step (\d+): checkpoint committed \((\d+) ms were left\)", out)
+    assert m, out
+    left = int(m.group(1))
+    assert 0 < left < 2500, out
+    assert max(committed_steps(ckpt)) == left, (sorted(committed_steps(ckpt)), out)
+    rc, out = run_job(tmp, 2, args, env=env)
+    assert rc == 0, out
+    assert re.search(r"resumed from step %d at world 2" % left, out), out
+    assert "exact=1 world=2" in out, out

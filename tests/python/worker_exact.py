@@ -6,9 +6,11 @@ them into `seen` (epochs x samples, the same on every rank), which is checkpoint
 steps with the sampler's cursor and restored on resume. A resumed run that repeated or
 skipped a step would leave a count other than 1. Rank 0 prints "exact=1" at the end of the
 last epoch, or "stopped at step S" when --stop-at ends it earlier (after that step's
-checkpoint). --kill-at STEP: rank 1 SIGKILLs itself there in the job's first attempt.
+checkpoint). --kill-at STEP: rank 1 SIGKILLs itself there in the job's first attempt. On a
+preemption notice (SIGTERM to the launcher) every rank takes the last checkpoint of the step
+it reached (ctx.leave) and exits 0; rank 0 prints "left at step S: checkpoint committed".
 
-  worker_exact.py [--stop-at S] [--kill-at S]
+  worker_exact.py [--stop-at S] [--kill-at S] [--epochs E]
 """
 import argparse
 import os
@@ -19,13 +21,14 @@ import numpy as np
 
 import regroup
 
-SAMPLES, BATCH, EPOCHS, SEED, EVERY = 200, 8, 3, 11, 5
+SAMPLES, BATCH, SEED, EVERY = 200, 8, 11, 5
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stop-at", type=int, default=-1)
     ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--epochs", type=int, default=3)
     a = ap.parse_args()
     try:
         with regroup.init() as ctx:
@@ -36,6 +39,7 @@ def main():
 
 
 def run(ctx, a):
+    EPOCHS = a.epochs
     sampler = regroup.GlobalSampler(SAMPLES, BATCH, SEED)
     seen = np.zeros((EPOCHS, SAMPLES), np.int32)
     step = ctx.latest_checkpoint()
@@ -58,7 +62,17 @@ def run(ctx, a):
         seen += inc
         done = gstep + 1
         save = done % EVERY == 0
-        ctx.report(done, state={"seen": seen} if save else None, cursor=sampler)
+        try:
+            ctx.report(done, state={"seen": seen} if save else None, cursor=sampler)
+        except regroup.MembershipChanged as e:
+            if not e.notice.preempt:
+                raise
+            left = ctx.leave(done, state=None if save else {"seen": seen}, cursor=sampler)
+            if ctx.rank == 0:
+                print("left at step %d: %s (%d ms were left)" % (
+                    done, "checkpoint committed" if left else "no last checkpoint",
+                    e.notice.ms_left), flush=True)
+            return 0
         if done == a.stop_at:
             if ctx.rank == 0:
                 print("stopped at step %d" % done, flush=True)
