@@ -218,19 +218,36 @@ void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
                              rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg)
 {
     int ranks[RG_NOTICE_MAX_LOCAL];
+    bool pick[RG_NOTICE_MAX_LOCAL] = {false};
+    int n = RG_MIN(ws->n, RG_NOTICE_MAX_LOCAL);
+    /* The round closed with this node's count as it registered: a replacement that became
+     * ready since is no member of it (the ranks after this node's are other nodes'), and
+     * waits for the next round. Survivors first, then ready replacements, up to that count. */
+    int quota = asg->group_rank >= 0 ? asg->members[asg->group_rank].nproc : 0;
     int k = 0;
-
-    for (int i = 0; i < ws->n && i < RG_NOTICE_MAX_LOCAL; i++) {
+    for (int pass = 0; pass < 2; pass++) {
+        launcher_inplace_state_t want = pass == 0 ? INPLACE_IN_ROUND : INPLACE_READY;
+        for (int i = 0; i < n && k < quota; i++) {
+            if (ws->w[i].running && ip->state[i] == want) {
+                pick[i] = true;
+                k++;
+            }
+        }
+    }
+    bool ready_left = false;
+    k = 0;
+    for (int i = 0; i < n; i++) {
         ranks[i] = -1;
-        if (ws->w[i].running &&
-            (ip->state[i] == INPLACE_IN_ROUND || ip->state[i] == INPLACE_READY)) {
+        if (pick[i]) {
             ip->state[i] = INPLACE_IN_ROUND;
             ip->joined[i] = false;
             ranks[i] = asg->rank_offset + k++;
             ws->w[i].rank = ranks[i];
+        } else if (ws->w[i].running && ip->state[i] == INPLACE_READY) {
+            ready_left = true;
         }
     }
-    ip->ready_seen = false;
+    ip->ready_seen = ready_left;   /* (it is the next planned change) */
     ip->assigned_ns = rg_now_ns();
     rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n);
 }

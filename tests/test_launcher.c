@@ -384,6 +384,59 @@ START_TEST(test_node_stop_that_reaches_a_worker_first_is_no_failure)
 }
 END_TEST
 
+/* In place, a replacement that became ready after its agent registered for a round is no
+ * member of that round: the round closed with the count the agent registered, and the ranks
+ * after this node's are other nodes'. Given one, two workers were the same rank of a round
+ * (seen in the quick in-place chaos run: a survivor could never connect, 60 s). It waits
+ * for the next round, which is the next planned change (ready_seen). */
+START_TEST(test_inplace_assign_keeps_to_the_round_count)
+{
+    static launcher_inplace_t ip;
+    static launcher_workers_t ws;
+    rg_notice_host_t nh;
+    rg_rdzv_assignment_t *asg = calloc(1, sizeof(*asg));
+
+    ck_assert_ptr_nonnull(asg);
+    ip.pipe_r = -1;
+    launcher_inplace_reset(&ip, 2);
+    ws.n = 2;
+    ws.w[0].running = ws.w[1].running = true;
+    ip.state[1] = INPLACE_READY;   /* ready since this node registered with 1 */
+    ck_assert_int_eq(rg_notice_host_create(&nh, 5000), RG_OK);
+    asg->round = 7;
+    asg->world_size = 3;
+    asg->n_members = 2;
+    asg->group_rank = 1;
+    asg->rank_offset = 2;
+    asg->members[0].nproc = 2;
+    asg->members[1].nproc = 1;
+    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    ck_assert_int_eq(ws.w[0].rank, 2);
+    ck_assert_int_eq(ip.state[0], INPLACE_IN_ROUND);
+    ck_assert_int_eq(ip.state[1], INPLACE_READY);
+    ck_assert(ip.ready_seen);
+    /* A member with no workers in the round (its only one died): nobody gets its offset. */
+    ip.state[0] = INPLACE_PENDING;
+    asg->round = 8;
+    asg->members[1].nproc = 0;
+    asg->world_size = 2;
+    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    ck_assert_int_eq(ip.state[1], INPLACE_READY);
+    /* The next round counts both: the survivor first, then the replacement. */
+    ip.state[0] = INPLACE_IN_ROUND;
+    asg->round = 9;
+    asg->members[1].nproc = 2;
+    asg->world_size = 4;
+    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    ck_assert_int_eq(ws.w[0].rank, 2);
+    ck_assert_int_eq(ws.w[1].rank, 3);
+    ck_assert_int_eq(ip.state[1], INPLACE_IN_ROUND);
+    ck_assert(!ip.ready_seen);
+    rg_notice_host_destroy(&nh);
+    free(asg);
+}
+END_TEST
+
 START_TEST(test_standalone_leaves_nothing)
 {
     stop_workers();   /* the workers finish at once */
@@ -1198,6 +1251,7 @@ int main(void)
     tcase_set_timeout(tc2, 120);
     tcase_add_checked_fixture(tc2, setup_dir, down_dir);
     tcase_add_test(tc2, test_standalone_leaves_nothing);
+    tcase_add_test(tc2, test_inplace_assign_keeps_to_the_round_count);
     tcase_add_test(tc2, test_bad_options);
     tcase_add_test(tc2, test_print_config_sources);
     tcase_add_test(tc2, test_torchrun_option_table);
