@@ -378,6 +378,16 @@ typedef enum {
     INPLACE_ERROR,          /* the join failed (rg_last_error(), printed) */
 } launcher_inplace_end_t;
 
+/* A node that finds its in-place job running without it (rg_rdzv_set_join_running): starts
+ * its workers as newcomers ($REGROUP_INPLACE_JOIN=1, in no round; sp->join) and waits, up to
+ * the join timeout, until every one said it is ready, so that the running members never wait
+ * for them to start. INPLACE_JOINED: all ready (the caller joins the next round with them,
+ * launcher_inplace_rejoin); INPLACE_STOPPED: a stop signal (*stop_signal); INPLACE_RESTART:
+ * one ended, asked for a restart, or the timeout passed (the caller stops them and joins as a
+ * node of a restart-mode job would); INPLACE_ERROR: they could not start. */
+launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *e,
+                                                  const launcher_spawn_t *sp,
+                                                  const sigset_t *child_mask, int *stop_signal);
 /* Opens the next round and joins it with this node's members (launcher_inplace_members)
  * while the workers live: heartbeats, output, messages and reaping go on. Bounded by the
  * join timeout. */

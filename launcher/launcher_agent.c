@@ -390,9 +390,11 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                                               "another agent opened a new round",
                                               "this agent's lease was lost"};
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_JOIN_PENDING) {
-                /* A node that joins starts fresh workers: they hold no state to regroup
-                 * with, so the job takes the restart path (documented as not yet in place). */
-                rg_info("round %d ends: %s (restarting: a joining node is not taken in place)",
+                /* A node that waits to join (in place, one whose newcomers could not join, or
+                 * one at the job's maximum size): fresh workers that hold no state, so the
+                 * job takes the restart path. A node joins in place by opening the next
+                 * round with its newcomers ready (launcher_inplace_newcomers) instead. */
+                rg_info("round %d ends: %s (restarting: a node waits to join)",
                         asg->round, why[change]);
                 return inplace_restart(ag, "a node joins");
             }
@@ -418,6 +420,32 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
     }
 }
 
+/* In place, the job runs without this node (rg_rdzv_join's RG_EAGAIN, asg the round
+ * running): this node's workers start as newcomers, outside any round, and join once ready;
+ * the running members go on meanwhile. */
+static launcher_inplace_end_t join_as_newcomers(agent_t *ag, const rg_rdzv_assignment_t *asg)
+{
+    launcher_spawn_t sp = {.cfg = ag->cfg, .asg = asg, .endpoints = ag->endpoints,
+                           .local_addr = ag->local_addr, .log_dir = ag->log_dir,
+                           .notice_fd = ag->notice.fd, .beat_fd = ag->beat.fd,
+                           .agent = rg_rdzv_agent_id(ag->rdzv),
+                           .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w,
+                           .join = true};
+    launcher_inplace_env_t e = {.cfg = ag->cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
+                                .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip};
+    for (int i = 0; i < ag->cfg->nproc; i++) {
+        rg_beat_host_reset(&ag->beat, i);   /* armed by each newcomer's first beat */
+    }
+    rg_log_set_identity(-1, asg->round);
+    launcher_inplace_end_t ie = launcher_inplace_newcomers(&e, &sp, &ag->child_mask,
+                                                           &ag->stop_signal);
+    if (ie == INPLACE_JOINED && rg_rdzv_open_round_after(ag->rdzv, asg->round) != RG_OK) {
+        rg_warn("cannot open the round after %d for this node's newcomers (%s); joining "
+                "anyway", asg->round, rg_last_error());
+    }
+    return ie;
+}
+
 /* Rounds until the job ends for this node. */
 static rg_status_t agent_loop(agent_t *ag)
 {
@@ -430,6 +458,7 @@ static rg_status_t agent_loop(agent_t *ag)
         return rg_error(RG_ENOMEM, "rendezvous assignment");
     }
     bool resume = false;
+    bool newcomers_failed = false;   /* this node's newcomers could not join in place */
     for (;;) {
         if (resume) {
             launcher_inplace_env_t e = {.cfg = cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
@@ -466,7 +495,27 @@ static rg_status_t agent_loop(agent_t *ag)
             st = RG_OK;
         } else {
             rg_rdzv_set_nproc(ag->rdzv, cfg->nproc);   /* fresh workers: all of them */
+            rg_rdzv_set_join_running(ag->rdzv, ag->ip.enabled && !newcomers_failed);
             st = rg_rdzv_join(ag->rdzv, launcher_watch_join_fd(ag->watch, ag->sigfd), asg);
+            rg_rdzv_set_join_running(ag->rdzv, false);
+            if (st == RG_EAGAIN) {
+                launcher_inplace_end_t ie = join_as_newcomers(ag, asg);
+                if (ie == INPLACE_JOINED) {
+                    resume = true;   /* the next round, with them (launcher_inplace_rejoin) */
+                    continue;
+                }
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                if (ie == INPLACE_STOPPED) {
+                    rg_info("signal %d: stopping workers", ag->stop_signal);
+                    break;
+                }
+                if (ie == INPLACE_ERROR) {
+                    st = ag->ip.error;
+                    break;
+                }
+                newcomers_failed = true;   /* join as a restart-mode node would */
+                continue;
+            }
         }
         if (st == RG_ECANCELED) {
             bool child = false;

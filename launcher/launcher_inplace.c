@@ -12,6 +12,9 @@
  *     The survivors carry on at the smaller size; once the replacement says it is ready (a
  *     message on the pipe below), the agent posts a MEMBERS notice and joins one more round
  *     with it, which the others reach at a step boundary.
+ *   - A node joins the running job: its agent starts its workers as newcomers (in no round,
+ *     as replacements are), waits until every one is ready, then opens the next round and
+ *     joins it with them (launcher_inplace_newcomers); the members go on meanwhile.
  *   - Another agent opens a round (a member was lost, a replacement is ready elsewhere): the
  *     agent posts a MEMBERS notice (so that its workers regroup at the next step boundary, if
  *     no collective failed first) and joins it.
@@ -353,6 +356,95 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
                                     (long long)cfg->join_timeout_ms);
             fprintf(stderr, "regroup: %s\n", rg_last_error());
             end = INPLACE_ERROR;
+            break;
+        }
+    }
+    close(ep);
+    close(timer);
+    return end;
+}
+
+launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *e,
+                                                  const launcher_spawn_t *sp,
+                                                  const sigset_t *child_mask, int *stop_signal)
+{
+    const rg_agent_params_t *cfg = e->cfg;
+    rg_deadline_t deadline = rg_deadline_in_ms(cfg->join_timeout_ms);
+    int64_t tick = RG_MAX(1, RG_MIN(cfg->monitor_ms, cfg->lease_ttl_s * 1000 / 4));
+
+    rg_status_t st = launcher_workers_start(e->ws, sp, child_mask);
+    if (st != RG_OK) {
+        e->ip->error = st;   /* "cannot run PROGRAM: why" */
+        fprintf(stderr, "regroup: %s\n", rg_last_error());
+        return INPLACE_ERROR;
+    }
+    launcher_inplace_reset(e->ip, cfg->nproc);
+    for (int i = 0; i < e->ws->n; i++) {
+        e->ip->state[i] = INPLACE_PENDING;
+    }
+    rg_info("round %d runs without this node: %d workers start as newcomers; they join once "
+            "ready", sp->asg->round, e->ws->n);
+    int timer;
+    int ep = join_fds(e, tick, &timer);
+    if (ep < 0) {
+        e->ip->error = RG_ESYS;
+        return INPLACE_ERROR;
+    }
+    launcher_inplace_end_t end = INPLACE_RESTART;
+    /* Bounded by the join timeout: one pass per event or tick. */
+    for (int guard = 0; guard < 1 << 24; guard++) {
+        struct epoll_event ev[8];
+        int64_t left = rg_deadline_left_ms(deadline);
+        if (left <= 0) {
+            fprintf(stderr, "regroup: warning: --recovery=in-place: this node's newcomers were "
+                    "not all ready within the join timeout (%lld ms); the node joins as in "
+                    "--recovery=restart\n", (long long)cfg->join_timeout_ms);
+            break;
+        }
+        (void)epoll_wait(ep, ev, 8, (int)RG_MIN(left, tick));
+        uint64_t ticks;
+        if (read(timer, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN) {
+            rg_debug("timerfd: %s", strerror(errno));
+        }
+        rg_notice_heartbeat(e->notice);   /* (this node's lease is kept by its keeper) */
+        for (int i = 0; i < e->ws->n; i++) {
+            if (e->ws->w[i].out_fd >= 0) {
+                launcher_workers_pump(e->ws, e->ws->w[i].out_fd, cfg);
+            }
+            if (e->ws->w[i].err_fd >= 0) {
+                launcher_workers_pump(e->ws, e->ws->w[i].err_fd, cfg);
+            }
+        }
+        launcher_inplace_read(e->ip, e->ws);
+        bool child = false;
+        struct signalfd_siginfo si;
+        for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {
+            if (si.ssi_signo == SIGCHLD) {
+                child = true;
+            } else {
+                *stop_signal = (int)si.ssi_signo;
+            }
+        }
+        if (*stop_signal != 0) {
+            end = INPLACE_STOPPED;
+            break;
+        }
+        int failed;
+        if (child && launcher_workers_reap(e->ws, &failed) < e->ws->n) {
+            fprintf(stderr, "regroup: warning: --recovery=in-place: a newcomer of this node "
+                    "ended before it was ready; the node joins as in --recovery=restart\n");
+            break;
+        }
+        if (e->ip->restart_asked) {
+            break;
+        }
+        int ready = 0;
+        for (int i = 0; i < e->ws->n; i++) {
+            ready += e->ip->state[i] == INPLACE_READY;
+        }
+        if (ready == e->ws->n) {
+            rg_info("%d newcomers ready: joining the next round with them", ready);
+            end = INPLACE_JOINED;
             break;
         }
     }

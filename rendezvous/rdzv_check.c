@@ -253,6 +253,16 @@ void rg_rdzv_set_nproc(rg_rdzv_t *z, int nproc)
     z->p.nproc = RG_MAX(0, nproc);
 }
 
+void rg_rdzv_set_join_running(rg_rdzv_t *z, bool hold)
+{
+    z->hold_running = hold;
+}
+
+rg_status_t rg_rdzv_open_round_after(rg_rdzv_t *z, int round)
+{
+    return rdzv_round_advance(z, round);   /* as a waiting node does: no member's fence */
+}
+
 rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
 {
     int r;

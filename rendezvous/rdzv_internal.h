@@ -117,6 +117,7 @@ struct rg_rdzv {
     uint64_t         min_reached_ns;
     int              registered_round;
     bool             waiting;
+    bool             hold_running;    /* rg_rdzv_set_join_running: RG_EAGAIN before waiting */
     bool             verify;                /* read the state at the next check */
     uint64_t         verified_ns;           /* when check last read the state */
     /* scratch of one look at a round: too large for a stack, and the handle's own */

@@ -359,6 +359,10 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
          * members' descriptors is left (their leases were revoked or expired, and no member
          * finished): nobody is running it to let us in (a whole job preempted, then started
          * again under the same job id). */
+        if (z->hold_running && n > 0 && out->n_members < z->p.max_nodes) {
+            return rg_error(RG_EAGAIN, "rendezvous: round %d of job %s runs without this node",
+                            r, z->job);   /* rg_rdzv_set_join_running */
+        }
         st = register_waiting(z);
         if (st == RG_OK && (out->n_members < z->p.max_nodes || n == 0)) {
             st = rdzv_round_advance(z, r);
@@ -433,6 +437,9 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         }
         if (st == RG_OK && done) {
             break;
+        }
+        if (st == RG_EAGAIN) {
+            return st;   /* the running round in *out (rg_rdzv_set_join_running) */
         }
         if (st != RG_OK) {
             /* etcd trouble is retried until the join deadline; say it once per failure. */

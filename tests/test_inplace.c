@@ -234,6 +234,38 @@ START_TEST(test_inplace_node_loss)
 }
 END_TEST
 
+/* A node that joins a running in-place job: its workers start as newcomers outside any
+ * round while the job goes on at world 2, and join once ready, receiving the state over the
+ * group; nobody restarts (node a's first workers finish the job) and the job ends exactly
+ * at world 4. */
+START_TEST(test_inplace_node_joins)
+{
+    char ep[600];
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=join", "--nnodes=1:2", "--nproc-per-node=2",
+                    "--max-restarts=3", "--recovery=in-place",
+                    "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30",
+                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
+    pid_t a = spawn("a", argv);
+    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+                    "no checkpoint committed within 60 s: the job does not run");
+    pid_t b = spawn("b", argv);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=4"),
+                  "the job did not finish exactly at world size 4");
+    ck_assert_msg(log_has("b", "started (joining 1)"), "node b's workers were no newcomers");
+    ck_assert_msg(log_has("b", "received from rank"), "node b's workers received no state");
+    ck_assert_msg(!log_has("a", "resumed from step") && !log_has("b", "resumed from step"),
+                  "a worker resumed from a checkpoint");
+    ck_assert_msg(!log_has("a", "the job restarts") && !log_has("b", "the job restarts") &&
+                  !log_has("a", "restart the job") && !log_has("b", "restart the job"),
+                  "the job restarted");
+    check_pids("a", 2, 2);
+}
+END_TEST
+
 /* A preempted node (SIGTERM to its agent) in an in-place job: every rank takes the last
  * checkpoint of the step they all reached, the leaving node's workers exit, and the others
  * regroup without it in their own processes; nothing is redone from disk. */
@@ -351,6 +383,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_node_loss);
+    tcase_add_test(tc, test_inplace_node_joins);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);

@@ -162,7 +162,8 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
                 "recover by restarting");
     }
     if (ctx->joining) {
-        rg_info("a replacement: joins the running job in rg_train_regroup");
+        rg_info("a newcomer (a replacement, or a joining node's worker): joins the running "
+                "job in rg_train_regroup");
     }
     *ctx_p = ctx;
     return RG_OK;
