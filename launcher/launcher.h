@@ -369,6 +369,7 @@ typedef struct {
     launcher_workers_t      *ws;
     rg_notice_host_t        *notice;
     launcher_inplace_t      *ip;
+    const rg_beat_host_t    *beat;   /* the hang check runs while the agent joins, too */
 } launcher_inplace_env_t;
 
 typedef enum {

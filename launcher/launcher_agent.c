@@ -432,7 +432,8 @@ static launcher_inplace_end_t join_as_newcomers(agent_t *ag, const rg_rdzv_assig
                            .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w,
                            .join = true};
     launcher_inplace_env_t e = {.cfg = ag->cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
-                                .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip};
+                                .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip,
+                                .beat = &ag->beat};
     for (int i = 0; i < ag->cfg->nproc; i++) {
         rg_beat_host_reset(&ag->beat, i);   /* armed by each newcomer's first beat */
     }
@@ -462,7 +463,8 @@ static rg_status_t agent_loop(agent_t *ag)
     for (;;) {
         if (resume) {
             launcher_inplace_env_t e = {.cfg = cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
-                                        .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip};
+                                        .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip,
+                                        .beat = &ag->beat};
             int ran = asg->round;   /* the round the workers are in */
             launcher_inplace_end_t ie = launcher_inplace_rejoin(&e, asg, &ag->stop_signal);
             bool asked = false;

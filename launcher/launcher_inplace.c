@@ -280,7 +280,8 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
 {
     const rg_agent_params_t *cfg = e->cfg;
     rg_deadline_t deadline = rg_deadline_in_ms(cfg->join_timeout_ms);
-    int64_t tick = RG_MAX(1, RG_MIN(cfg->monitor_ms, cfg->lease_ttl_s * 1000 / 4));
+    int64_t tick = launcher_hang_tick_ms(cfg, RG_MAX(1, RG_MIN(cfg->monitor_ms,
+                                                               cfg->lease_ttl_s * 1000 / 4)));
     rg_status_t st;
 
     rg_rdzv_set_nproc(e->rdzv, launcher_inplace_members(e->ip, e->ws));
@@ -332,6 +333,9 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
             }
         }
         launcher_inplace_read(e->ip, e->ws);
+        if (e->beat != NULL) {
+            (void)launcher_hang_check(e->ws, e->beat, cfg);   /* reaped at the next look */
+        }
         bool child = false;
         struct signalfd_siginfo si;
         for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {
@@ -370,7 +374,8 @@ launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *
 {
     const rg_agent_params_t *cfg = e->cfg;
     rg_deadline_t deadline = rg_deadline_in_ms(cfg->join_timeout_ms);
-    int64_t tick = RG_MAX(1, RG_MIN(cfg->monitor_ms, cfg->lease_ttl_s * 1000 / 4));
+    int64_t tick = launcher_hang_tick_ms(cfg, RG_MAX(1, RG_MIN(cfg->monitor_ms,
+                                                               cfg->lease_ttl_s * 1000 / 4)));
 
     rg_status_t st = launcher_workers_start(e->ws, sp, child_mask);
     if (st != RG_OK) {
@@ -416,6 +421,9 @@ launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *
             }
         }
         launcher_inplace_read(e->ip, e->ws);
+        if (e->beat != NULL) {
+            (void)launcher_hang_check(e->ws, e->beat, cfg);   /* reaped at the next look */
+        }
         bool child = false;
         struct signalfd_siginfo si;
         for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {

@@ -234,6 +234,40 @@ START_TEST(test_inplace_node_loss)
 }
 END_TEST
 
+/* The hang check runs while an agent joins in place, too: node b is lost, node a's agent
+ * waits in the rejoin (MIN is 2 nodes: the round cannot close), and a worker of a's frozen
+ * there (SIGSTOP) is found hung and killed within hang_timeout, not at the join timeout. */
+START_TEST(test_inplace_hang_while_joining)
+{
+    char ep[600];
+    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=hang", "--nnodes=2:2", "--nproc-per-node=1",
+                    "--max-restarts=3", "--recovery=in-place",
+                    "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=60",
+                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    pid_t a = spawn("a", argv);
+    pid_t b = spawn("b", argv);
+    unsetenv("REGROUP_LOG_LEVEL");
+    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+                    "no checkpoint committed within 60 s: the job does not run");
+    ck_assert_int_eq(kill(b, SIGKILL), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    TEST_WAIT_UNTIL(log_has("a", "regrouping in place"), 30000,
+                    "node a did not start to regroup without node b");
+    pids_t p;
+    read_pids("a", &p);
+    ck_assert_int_ge(p.n_started, 1);
+    ck_assert_int_eq(kill(p.started[0], SIGSTOP), 0);
+    TEST_WAIT_UNTIL(log_has("a", "is hung: no heartbeat"), 10000,
+                    "the frozen worker was not found hung while its agent joined");
+    ck_assert_msg(test_pid_gone(p.started[0], 10000), "the hung worker was not killed");
+    kill(a, SIGTERM);
+    ck_assert_int_ne(test_wait_exit(a, 30000), -1);
+}
+END_TEST
+
 /* A node that joins a running in-place job: its workers start as newcomers outside any
  * round while the job goes on at world 2, and join once ready, receiving the state over the
  * group; nobody restarts (node a's first workers finish the job) and the job ends exactly
@@ -384,6 +418,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_node_loss);
     tcase_add_test(tc, test_inplace_node_joins);
+    tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
