@@ -327,13 +327,6 @@ END_TEST
 
 /* ---- two jobs under the launcher ---------------------------------------------------------- */
 
-static bool log_has(const char *name, const char *text)
-{
-    char path[400];
-    snprintf(path, sizeof(path), "%s/%s.log", dir, name);
-    return test_file_contains(path, text);
-}
-
 static int64_t round_of(rg_etcd_t *root, const char *job)
 {
     char key[100];
@@ -378,19 +371,17 @@ static pid_t start_job(const char *job, const char *conf)
     char ep[600];
     char id[100];
     char ck[400];
-    char log[400];
     char stop[400];
     snprintf(stop, sizeof(stop), "%s/stop-%s", dir, job);
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     snprintf(id, sizeof(id), "--rdzv-id=%s", job);
     snprintf(ck, sizeof(ck), "%s/ckpt-%s", dir, job);
-    snprintf(log, sizeof(log), "%s/%s.log", dir, job);
     ck_assert_int_eq(mkdir(ck, 0700), 0);
     setenv("REGROUP_CKPT_DIR", ck, 1);
     char *argv[] = {REGROUP_BIN, ep, id, "--nnodes=1", "--nproc-per-node=2",
                     "--max-restarts=1", (char *)conf, RG_EXACT_BIN, "--epochs", "100000",
                     "--stop-file", stop, "--kill-at", "12", "--kill-rank", "1", NULL};
-    pid_t pid = test_spawn(argv, log);
+    pid_t pid = test_spawn_logged(dir, job, argv);
     unsetenv("REGROUP_CKPT_DIR");
     return pid;
 }
@@ -431,8 +422,9 @@ START_TEST(test_two_jobs_side_by_side)
     ck_assert_int_eq(test_wait_exit(b, 180000), 0);
     const char *jobs[] = {"A", "B"};
     for (int j = 0; j < 2; j++) {
-        ck_assert_msg(log_has(jobs[j], "killing myself at step 12"), "job %s: no kill", jobs[j]);
-        ck_assert_msg(log_has(jobs[j], "exact=1"), "job %s: no exact=1", jobs[j]);
+        ck_assert_msg(test_log_has(dir, jobs[j], "killing myself at step 12"), "job %s: no kill",
+                      jobs[j]);
+        ck_assert_msg(test_log_has(dir, jobs[j], "exact=1"), "job %s: no exact=1", jobs[j]);
         /* One failure, one regroup: round 0, then round 1, which finished. A job that
          * moved the other's round would show here. */
         ck_assert_int_eq(round_of(root, jobs[j]), 1);

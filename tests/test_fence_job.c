@@ -16,7 +16,6 @@
 #include "rg_common.h"
 #include "test_util.h"
 
-#include <regroup/ckpt.h>
 #include <regroup/etcd.h>
 
 #include <check.h>
@@ -24,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[256];
@@ -33,11 +31,7 @@ static test_etcd_t etcd;
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof(dir), "fencejob");
-    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
-    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
-    setenv("REGROUP_CKPT_DIR", ckpt, 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
+    test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "fencejob");
     setenv("REGROUP_LOG_LEVEL", "info", 1);   /* the agents' rounds, in their logs */
     test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
 }
@@ -48,49 +42,23 @@ static void teardown(void)
     test_rmtree(dir);
 }
 
-static void log_path(const char *name, char *out, size_t cap)
-{
-    snprintf(out, cap, "%s/%s.log", dir, name);
-}
-
-static bool log_has(const char *name, const char *text)
-{
-    char path[400];
-    log_path(name, path, sizeof(path));
-    return test_file_contains(path, text);
-}
-
-static size_t committed_steps(void)
-{
-    int64_t *steps = NULL;
-    size_t n = 0;
-    if (rg_ckpt_list(ckpt, &steps, &n) != RG_OK) {
-        return 0;
-    }
-    free(steps);
-    return n;
-}
-
 /* Two agents of job `id` with lease_ttl=2; extra is one more option (may be NULL). */
 static void start_pair(const char *id, const char *extra, pid_t *a, pid_t *b)
 {
     char ep[600];
     char rid[100];
-    char path[400];
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     snprintf(rid, sizeof(rid), "--rdzv-id=%s", id);
     char *argv[] = {REGROUP_BIN, ep, rid, "--nnodes=1:2", "--nproc-per-node=2",
                     "--rdzv-conf=last_call_timeout=1,lease_ttl=2",
                     extra ? (char *)extra : "--monitor-interval=0.1", RG_EXACT_BIN,
                     "--epochs", "20", "--work", "100000", NULL};
-    log_path("a", path, sizeof(path));
-    *a = test_spawn(argv, path);
-    log_path("b", path, sizeof(path));
-    *b = test_spawn(argv, path);
+    *a = test_spawn_logged(dir, "a", argv);
+    *b = test_spawn_logged(dir, "b", argv);
     /* Both in one round of world 4, with a checkpoint committed there. */
-    TEST_WAIT_UNTIL(log_has("a", "of 4,") && log_has("b", "of 4,"), 60000,
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "of 4,") && test_log_has(dir, "b", "of 4,"), 60000,
                     "the agents did not run a round of world 4 together");
-    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
 }
 
 /* etcd's history of the job's keys holds no write made for a round the job had left
@@ -142,16 +110,17 @@ START_TEST(test_stopped_agent_is_fenced)
     start_pair("stopped", NULL, &a, &b);
     ck_assert_int_eq(kill(b, SIGSTOP), 0);
     /* Past its lease TTL the other agent regroups without it. */
-    TEST_WAIT_UNTIL(log_has("a", "ranks 0..1 of 2,"), 60000,
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "ranks 0..1 of 2,"), 60000,
                     "the running agent did not regroup at world 2");
     ck_assert_int_eq(kill(b, SIGCONT), 0);
     /* The resumed agent finds its membership gone: what it or its workers write for the
      * old round is refused, or the workers stopped on their own view of its heartbeat. */
-    TEST_WAIT_UNTIL(log_has("b", "fenced: ") || log_has("b", "has not renewed its membership"),
+    TEST_WAIT_UNTIL(test_log_has(dir, "b", "fenced: ") ||
+                        test_log_has(dir, "b", "has not renewed its membership"),
                     30000, "the stopped node went on as if it were a member");
     ck_assert_int_eq(test_wait_exit(a, 180000), 0);
     (void)test_wait_exit(b, 180000);   /* it rejoins, or finds the job finished without it */
-    ck_assert_msg(log_has("a", "exact=1"), "the job did not end with the exact result");
+    ck_assert_msg(test_log_has(dir, "a", "exact=1"), "the job did not end with the exact result");
     ck_assert_int_gt(check_no_stale_writes("stopped"), 0);
 }
 END_TEST
@@ -172,19 +141,20 @@ START_TEST(test_node_loss_not_counted)
     kill(w[1], SIGKILL);
     ck_assert_int_eq(test_wait_exit(b, 10000), 128 + SIGKILL);
     ck_assert_int_eq(test_wait_exit(a, 180000), 0);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world 2");
-    ck_assert_msg(log_has("a", "worker rank"), "the survivor's workers did not fail");
-    ck_assert_msg(log_has("a", "not counted"), "the failure was not attributed to the loss");
+    ck_assert_msg(test_log_has(dir, "a", "worker rank"), "the survivor's workers did not fail");
+    ck_assert_msg(test_log_has(dir, "a", "not counted"),
+                  "the failure was not attributed to the loss");
     ck_assert_int_gt(check_no_stale_writes("lost"), 0);
     /* `regroup status` says so too. */
     char ep[600];
     char path[400];
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=lost", NULL};
-    log_path("status", path, sizeof(path));
+    test_log_path(dir, "status", path, sizeof(path));
     ck_assert_int_eq(test_run(status_argv, path, 30000), 0);
-    ck_assert_msg(log_has("status", "not counted: 1 worker failure"),
+    ck_assert_msg(test_log_has(dir, "status", "not counted: 1 worker failure"),
                   "regroup status does not say the failure was not counted");
 }
 END_TEST
@@ -201,7 +171,7 @@ START_TEST(test_preemption_not_counted)
     ck_assert_int_eq(kill(b, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
     ck_assert_int_eq(test_wait_exit(a, 180000), 0);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world 2");
     ck_assert_int_gt(check_no_stale_writes("preempted"), 0);
 }
@@ -209,20 +179,18 @@ END_TEST
 
 START_TEST(test_stopped_worker_found_hung)
 {
-    char path[400];
-    log_path("job", path, sizeof(path));
     char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
                     RG_EXACT_BIN, "--epochs", "20", "--work", "100000", NULL};
     /* Far beyond the hang timeout: only the heartbeat can find the stopped worker. */
     setenv("REGROUP_COMM_TIMEOUT_MS", "120000", 1);
-    pid_t pid = test_spawn(argv, path);
-    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no committed checkpoint within 60 s");
+    pid_t pid = test_spawn_logged(dir, "job", argv);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
     pid_t w = -1;
     TEST_WAIT_UNTIL(workers_of(pid, &w, 1) == 1, 10000, "no worker found");
     ck_assert_int_eq(kill(w, SIGSTOP), 0);
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
-    ck_assert_msg(log_has("job", "is hung: no heartbeat"), "the hang was not found");
-    ck_assert_msg(log_has("job", "exact=1"), "the job did not end with the exact result");
+    ck_assert_msg(test_log_has(dir, "job", "is hung: no heartbeat"), "the hang was not found");
+    ck_assert_msg(test_log_has(dir, "job", "exact=1"), "the job did not end with the exact result");
 }
 END_TEST
 

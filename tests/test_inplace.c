@@ -9,14 +9,11 @@
  */
 #include "test_util.h"
 
-#include <regroup/ckpt.h>
-
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_PIDS 64
@@ -27,48 +24,13 @@ static test_etcd_t etcd;
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof(dir), "inplace");
-    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
-    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
-    setenv("REGROUP_CKPT_DIR", ckpt, 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
+    test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "inplace");
 }
 
 static void teardown(void)
 {
     test_etcd_down(&etcd);
     test_rmtree(dir);
-}
-
-static void log_path(const char *name, char *path, size_t cap)
-{
-    snprintf(path, cap, "%s/%s.log", dir, name);
-}
-
-/* The number of committed checkpoints under root: those with a MANIFEST. */
-static size_t committed_steps(const char *root)
-{
-    int64_t *steps = NULL;
-    size_t n = 0;
-    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
-        return 0;
-    }
-    free(steps);
-    return n;
-}
-
-static pid_t spawn(const char *name, char *const argv[])
-{
-    char log[400];
-    log_path(name, log, sizeof(log));
-    return test_spawn(argv, log);
-}
-
-static bool log_has(const char *name, const char *text)
-{
-    char path[400];
-    log_path(name, path, sizeof(path));
-    return test_file_contains(path, text);
 }
 
 /* The workers' pids, from rg-exact's "rank R: pid P started (joining J)" and "rank R: pid P
@@ -86,7 +48,7 @@ static void read_pids(const char *name, pids_t *p)
     char path[400];
     char line[512];
     memset(p, 0, sizeof(*p));
-    log_path(name, path, sizeof(path));
+    test_log_path(dir, name, path, sizeof(path));
     FILE *f = fopen(path, "r");
     ck_assert_ptr_nonnull(f);
     while (fgets(line, sizeof(line), f) != NULL) {
@@ -151,20 +113,22 @@ static void run_one_node(const char *name, int world, char *const *extra, int n_
         argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    pid_t pid = spawn(name, argv);
+    pid_t pid = test_spawn_logged(dir, name, argv);
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
-    ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
-    ck_assert_msg(log_has(name, "regrouped: "), "%s: nobody regrouped", name);
-    ck_assert_msg(!log_has(name, "resumed from step"), "%s: resumed from a checkpoint", name);
+    ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
+    ck_assert_msg(test_log_has(dir, name, "regrouped: "), "%s: nobody regrouped", name);
+    ck_assert_msg(!test_log_has(dir, name, "resumed from step"), "%s: resumed from a checkpoint",
+                  name);
 }
 
 START_TEST(test_inplace_kill_between_steps)
 {
     char *extra[] = {"--kill-at", "32", "--kill-rank", "1"};
     run_one_node("between", 4, extra, 4);
-    ck_assert(log_has("between", "killing myself at step 32"));
-    ck_assert(log_has("between", "received from rank"));
-    ck_assert(log_has("between", "pid") && log_has("between", "started (joining 1)"));
+    ck_assert(test_log_has(dir, "between", "killing myself at step 32"));
+    ck_assert(test_log_has(dir, "between", "received from rank"));
+    ck_assert(test_log_has(dir, "between", "pid") &&
+              test_log_has(dir, "between", "started (joining 1)"));
     check_pids("between", 4, 3);
 }
 END_TEST
@@ -173,7 +137,7 @@ START_TEST(test_inplace_kill_in_allreduce)
 {
     char *extra[] = {"--kill-at", "27", "--kill-rank", "2", "--kill-in-allreduce"};
     run_one_node("allreduce", 4, extra, 5);
-    ck_assert(log_has("allreduce", "killing myself in the allreduce of step 27"));
+    ck_assert(test_log_has(dir, "allreduce", "killing myself in the allreduce of step 27"));
     check_pids("allreduce", 4, 3);
 }
 END_TEST
@@ -182,8 +146,8 @@ START_TEST(test_inplace_two_faults)
 {
     char *extra[] = {"--kill-at", "20", "--kill-again", "45", "--kill-rank", "1"};
     run_one_node("two", 3, extra, 6);
-    ck_assert(log_has("two", "killing myself at step 20"));
-    ck_assert(log_has("two", "killing myself at step 45"));
+    ck_assert(test_log_has(dir, "two", "killing myself at step 20"));
+    ck_assert(test_log_has(dir, "two", "killing myself at step 45"));
     pids_t p;
     read_pids("two", &p);
     ck_assert_int_eq(p.n_started, 5);   /* 3, then a replacement for each fault */
@@ -206,10 +170,10 @@ static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
                      * taken by restarting) */
                     "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8",
                     RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
-    *a = spawn("a", argv);
-    *b = spawn("b", argv);
+    *a = test_spawn_logged(dir, "a", argv);
+    *b = test_spawn_logged(dir, "b", argv);
     /* Mid-run: both nodes' ranks are training once a checkpoint is committed. */
-    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
                     "no checkpoint committed within 60 s: the job does not run");
     ck_assert_int_eq(kill(*b, sig), 0);
     ck_assert_int_eq(test_wait_exit(*b, 30000), 128 + sig);
@@ -226,10 +190,10 @@ START_TEST(test_inplace_node_loss)
     pid_t b;
     two_nodes("--nnodes=1:2", &a, &b);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
-    ck_assert(log_has("a", "regrouped: "));
-    ck_assert(!log_has("a", "resumed from step"));
+    ck_assert(test_log_has(dir, "a", "regrouped: "));
+    ck_assert(!test_log_has(dir, "a", "resumed from step"));
     check_pids("a", 2, 2);
 }
 END_TEST
@@ -247,20 +211,20 @@ START_TEST(test_inplace_hang_while_joining)
                     "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=60",
                     RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
     setenv("REGROUP_LOG_LEVEL", "info", 1);
-    pid_t a = spawn("a", argv);
-    pid_t b = spawn("b", argv);
+    pid_t a = test_spawn_logged(dir, "a", argv);
+    pid_t b = test_spawn_logged(dir, "b", argv);
     unsetenv("REGROUP_LOG_LEVEL");
-    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
                     "no checkpoint committed within 60 s: the job does not run");
     ck_assert_int_eq(kill(b, SIGKILL), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
-    TEST_WAIT_UNTIL(log_has("a", "regrouping in place"), 30000,
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouping in place"), 30000,
                     "node a did not start to regroup without node b");
     pids_t p;
     read_pids("a", &p);
     ck_assert_int_ge(p.n_started, 1);
     ck_assert_int_eq(kill(p.started[0], SIGSTOP), 0);
-    TEST_WAIT_UNTIL(log_has("a", "is hung: no heartbeat"), 10000,
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "is hung: no heartbeat"), 10000,
                     "the frozen worker was not found hung while its agent joined");
     ck_assert_msg(test_pid_gone(p.started[0], 10000), "the hung worker was not killed");
     kill(a, SIGTERM);
@@ -281,21 +245,23 @@ START_TEST(test_inplace_node_joins)
                     "--max-restarts=3", "--recovery=in-place",
                     "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30",
                     RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
-    pid_t a = spawn("a", argv);
-    TEST_WAIT_UNTIL(committed_steps(ckpt) > 1, 60000,
+    pid_t a = test_spawn_logged(dir, "a", argv);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
                     "no checkpoint committed within 60 s: the job does not run");
-    pid_t b = spawn("b", argv);
+    pid_t b = test_spawn_logged(dir, "b", argv);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 0);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=4"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
                   "the job did not finish exactly at world size 4");
-    ck_assert_msg(log_has("b", "started (joining 1)"), "node b's workers were no newcomers");
-    ck_assert_msg(log_has("b", "received from rank"), "node b's workers received no state");
-    ck_assert_msg(!log_has("a", "resumed from step") && !log_has("b", "resumed from step"),
-                  "a worker resumed from a checkpoint");
-    ck_assert_msg(!log_has("a", "the job restarts") && !log_has("b", "the job restarts") &&
-                  !log_has("a", "restart the job") && !log_has("b", "restart the job"),
-                  "the job restarted");
+    ck_assert_msg(test_log_has(dir, "b", "started (joining 1)"),
+                  "node b's workers were no newcomers");
+    ck_assert_msg(test_log_has(dir, "b", "received from rank"),
+                  "node b's workers received no state");
+    const char *never[] = {"resumed from step", "the job restarts", "restart the job"};
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
+        ck_assert_msg(!test_log_has(dir, "a", never[i]) && !test_log_has(dir, "b", never[i]),
+                      "\"%s\" in a node's log: the job restarted", never[i]);
+    }
     check_pids("a", 2, 2);
 }
 END_TEST
@@ -308,17 +274,19 @@ START_TEST(test_inplace_preemption)
     pid_t a;
     pid_t b;
     two_nodes_sig("--nnodes=1:2", SIGTERM, &a, &b);
-    ck_assert_msg(log_has("b", "this node leaves the job: SIGTERM"), "node b did not leave");
+    ck_assert_msg(test_log_has(dir, "b", "this node leaves the job: SIGTERM"),
+                  "node b did not leave");
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     /* Rank 0 says how the last checkpoint went: on a, which stays, or on b, which leaves. */
-    ck_assert_msg(log_has("a", "a node leaves at step") || log_has("b", "left at step"),
+    ck_assert_msg(test_log_has(dir, "a", "a node leaves at step") ||
+                      test_log_has(dir, "b", "left at step"),
                   "no last checkpoint before the node left");
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
-    ck_assert_msg(log_has("a", "regrouped: "),
+    ck_assert_msg(test_log_has(dir, "a", "regrouped: "),
                   "the survivors did not regroup in place");
-    ck_assert(!log_has("a", "resumed from step"));
-    ck_assert_msg(!log_has("a", "failed (") && !log_has("b", "failed ("),
+    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
                   "a worker failure was reported for a preemption");
     check_pids("a", 2, 2);
 }
@@ -331,7 +299,7 @@ START_TEST(test_inplace_below_min)
     two_nodes("--nnodes=2", &a, &b);
     /* Bounded: the lease TTL, then the join timeout (8 s). */
     ck_assert_int_eq(test_wait_exit(a, 60000), 1);
-    ck_assert_msg(log_has("a", "did not close within the join timeout"),
+    ck_assert_msg(test_log_has(dir, "a", "did not close within the join timeout"),
                   "no clear failure when the job fell below its minimum");
     pids_t p;
     read_pids("a", &p);
@@ -351,9 +319,9 @@ START_TEST(test_inplace_non_api_worker)
     snprintf(script, sizeof(script), "test -e %s && exit 0; touch %s; exit 3", marker, marker);
     char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
                     "--recovery=in-place", "--no-python", "/bin/sh", "-c", script, NULL};
-    ck_assert_int_eq(test_wait_exit(spawn("plain", argv), 60000), 0);
-    ck_assert(log_has("plain", "--recovery=in-place: local rank"));
-    ck_assert(log_has("plain", "the job restarts as with --recovery=restart"));
+    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "plain", argv), 60000), 0);
+    ck_assert(test_log_has(dir, "plain", "--recovery=in-place: local rank"));
+    ck_assert(test_log_has(dir, "plain", "the job restarts as with --recovery=restart"));
 }
 END_TEST
 
@@ -362,11 +330,11 @@ START_TEST(test_inplace_trainer_fit)
 {
     char *argv[] = {RG_EXACT_BIN, "--trainer", "3", "--trainer-in-place", "--ckpt-root", ckpt,
                     "--kill-at", "22", "--kill-rank", "1", "--work", "3000", NULL};
-    ck_assert_int_eq(test_wait_exit(spawn("trainer", argv), 120000), 0);
-    ck_assert(log_has("trainer", "killing myself at step 22"));
-    ck_assert(log_has("trainer", "regrouped: "));
-    ck_assert(!log_has("trainer", "resumed from step"));
-    ck_assert(log_has("trainer", "exact=1"));
+    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "trainer", argv), 120000), 0);
+    ck_assert(test_log_has(dir, "trainer", "killing myself at step 22"));
+    ck_assert(test_log_has(dir, "trainer", "regrouped: "));
+    ck_assert(!test_log_has(dir, "trainer", "resumed from step"));
+    ck_assert(test_log_has(dir, "trainer", "exact=1"));
     check_pids("trainer", 3, 2);
 }
 END_TEST
@@ -379,13 +347,14 @@ START_TEST(test_inplace_fmnist)
                     "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
                     "100", "--kill-at", "300", "--kill-rank", "1", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    ck_assert_int_eq(test_wait_exit(spawn("fmnist", argv), 240000), 0);
-    ck_assert(log_has("fmnist", "killing myself at step 300"));
-    ck_assert_msg(log_has("fmnist", "regrouped in place (a peer failed): round 1 world 2"),
-                  "the survivors did not carry on at world 2");
-    ck_assert(log_has("fmnist", "received from rank"));
-    ck_assert(!log_has("fmnist", "resumed from checkpoint"));
-    ck_assert(log_has("fmnist", "test_accuracy=0.8"));
+    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "fmnist", argv), 240000), 0);
+    ck_assert(test_log_has(dir, "fmnist", "killing myself at step 300"));
+    ck_assert_msg(
+        test_log_has(dir, "fmnist", "regrouped in place (a peer failed): round 1 world 2"),
+        "the survivors did not carry on at world 2");
+    ck_assert(test_log_has(dir, "fmnist", "received from rank"));
+    ck_assert(!test_log_has(dir, "fmnist", "resumed from checkpoint"));
+    ck_assert(test_log_has(dir, "fmnist", "test_accuracy=0.8"));
 }
 END_TEST
 
@@ -394,13 +363,13 @@ START_TEST(test_inplace_print_config)
 {
     char out[8192];
     char log[400];
-    log_path("config", log, sizeof(log));
+    test_log_path(dir, "config", log, sizeof(log));
     char *argv[] = {REGROUP_BIN, "--print-config", "--standalone", "--recovery=in-place", NULL};
     ck_assert_int_eq(test_run_output(argv, log, 10000, out, sizeof(out)), 0);
     ck_assert_msg(strstr(out, "recovery") != NULL && strstr(out, "in-place") != NULL, "%s",
                   out);
     char *bad[] = {REGROUP_BIN, "--print-config", "--recovery=sometimes", NULL};
-    log_path("config-bad", log, sizeof(log));
+    test_log_path(dir, "config-bad", log, sizeof(log));
     ck_assert_int_eq(test_run_output(bad, log, 10000, out, sizeof(out)), 2);
     ck_assert_msg(strstr(out, "expected restart or in-place") != NULL, "%s", out);
 }

@@ -23,14 +23,11 @@
 #include "cloud_meta.h"
 #include "test_util.h"
 
-#include <regroup/ckpt.h>
-
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[256];
@@ -43,13 +40,9 @@ static test_etcd_t etcd;
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof(dir), "notice");
-    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "notice");
     snprintf(state_path, sizeof(state_path), "%s/meta.state", dir);
     snprintf(server_log, sizeof(server_log), "%s/meta.log", dir);
-    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
-    setenv("REGROUP_CKPT_DIR", ckpt, 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
     setenv("REGROUP_LOG_LEVEL", "info", 1);
     unsetenv("REGROUP_METADATA_URL");
     server = -1;
@@ -66,32 +59,6 @@ static void teardown(void)
     if (getenv("REGROUP_KEEP_TEST_DIR") == NULL) {
         test_rmtree(dir);   /* else kept under the run's directory, with test_main's */
     }
-}
-
-static void log_path(const char *name, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/%s.log", dir, name);
-}
-
-static pid_t spawn(const char *name, char *const argv[])
-{
-    char log[400];
-    log_path(name, log, sizeof(log));
-    return test_spawn(argv, log);
-}
-
-static bool log_has(const char *name, const char *text)
-{
-    char path[400];
-    log_path(name, path, sizeof(path));
-    return test_file_contains(path, text);
-}
-
-static void wait_log(const char *name, const char *text, int timeout_ms)
-{
-    char path[400];
-    log_path(name, path, sizeof(path));
-    test_wait_file_contains(path, text, timeout_ms);
 }
 
 /* What the stand-in answers from now on (metadata_server.py reads it at every request). */
@@ -131,17 +98,6 @@ static void meta_up(const char *only, const char *state)
     snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
 }
 
-static size_t committed_steps(void)
-{
-    int64_t *steps = NULL;
-    size_t n = 0;
-    if (rg_ckpt_list(ckpt, &steps, &n) != RG_OK) {
-        return 0;
-    }
-    free(steps);
-    return n;
-}
-
 /* The number after the last "<prefix>" in a log (the last resume is the one after the
  * notice, whatever rounds came before), or -1. */
 static long log_number(const char *name, const char *prefix)
@@ -149,7 +105,7 @@ static long log_number(const char *name, const char *prefix)
     char path[400];
     char line[512];
     long v = -1;
-    log_path(name, path, sizeof(path));
+    test_log_path(dir, name, path, sizeof(path));
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         return -1;
@@ -197,15 +153,15 @@ static job_t start_pair(const char *id, const char *b_notice, const char *b_extr
                       "--epochs", "40", "--work", (char *)work, "--pad-kb", (char *)pad_kb,
                       NULL};
     unsetenv("REGROUP_METADATA_URL");
-    j.a = spawn("a", a_argv);
+    j.a = test_spawn_logged(dir, "a", a_argv);
     if (url[0] != '\0') {
         setenv("REGROUP_METADATA_URL", url, 1);
     }
-    j.b = spawn("b", b_argv);
+    j.b = test_spawn_logged(dir, "b", b_argv);
     unsetenv("REGROUP_METADATA_URL");
     /* both in round 0 at world size 2, and training: a checkpoint has landed */
-    wait_log("a", " of 2, restart 0)", 60000);
-    TEST_WAIT_UNTIL(committed_steps() > 0, 60000, "no checkpoint committed within 60 s");
+    test_wait_log(dir, "a", " of 2, restart 0)", 60000);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no checkpoint committed within 60 s");
     return j;
 }
 
@@ -220,23 +176,26 @@ static void check_no_step_lost(const job_t *j)
     }
     long resumed = log_number("a", "resumed from step ");
     ck_assert_msg(left > 0, "no rank said where it left");
-    ck_assert_msg(log_has("a", "checkpoint committed") || log_has("b", "checkpoint committed"),
+    ck_assert_msg(test_log_has(dir, "a", "checkpoint committed") ||
+                      test_log_has(dir, "b", "checkpoint committed"),
                   "the last checkpoint was not committed");
     ck_assert_msg(resumed == left, "left at step %ld but resumed from step %ld", left, resumed);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=1"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=1"),
                   "the survivor did not end exactly at world size 1");
-    ck_assert_msg(!log_has("a", "failed more than"), "the preemption counted as a failure");
+    ck_assert_msg(!test_log_has(dir, "a", "failed more than"),
+                  "the preemption counted as a failure");
 }
 
 START_TEST(test_aws_notice_while_training)
 {
     meta_up("aws", "none");
     job_t j = start_pair("aws", "aws", NULL, "20000", "0");
-    ck_assert(!log_has("b", "leaves the job"));
+    ck_assert(!test_log_has(dir, "b", "leaves the job"));
     meta_state("notice 60");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
-    ck_assert(log_has("b", "this node left the job (aws spot instance-action: terminate at"));
-    ck_assert(log_has("a", "leaves: aws spot instance-action"));
+    ck_assert(
+        test_log_has(dir, "b", "this node left the job (aws spot instance-action: terminate at"));
+    ck_assert(test_log_has(dir, "a", "leaves: aws spot instance-action"));
     check_no_step_lost(&j);
     /* IMDSv2: a token first, then the notice with it */
     ck_assert(test_file_contains(server_log, "PUT /latest/api/token 200"));
@@ -251,7 +210,7 @@ START_TEST(test_gce_notice_while_training)
     job_t j = start_pair("gce", "gce", NULL, "20000", "0");
     meta_state("notice 0");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
-    ck_assert(log_has("b", "this node left the job (gce instance/preempted: TRUE"));
+    ck_assert(test_log_has(dir, "b", "this node left the job (gce instance/preempted: TRUE"));
     check_no_step_lost(&j);
 }
 END_TEST
@@ -262,7 +221,7 @@ START_TEST(test_azure_notice_while_training)
     job_t j = start_pair("azure", "azure", NULL, "20000", "0");
     meta_state("notice 45");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
-    ck_assert(log_has("b", "this node left the job (azure scheduled event Preempt"));
+    ck_assert(test_log_has(dir, "b", "this node left the job (azure scheduled event Preempt"));
     check_no_step_lost(&j);
     /* the agent acknowledged the event once its workers were done */
     ck_assert(test_file_contains(server_log, "ack 602d9444-d2cd-49c7-8624-8643e7171297"));
@@ -284,12 +243,12 @@ START_TEST(test_fmnist_notice)
                       "--rdzv-conf=last_call_timeout=3", "--preemption-notice=aws",
                       RG_FMNIST_BIN, "--epochs", "1", "--log-every", "50", "--ckpt-every",
                       "50", NULL};
-    pid_t a = spawn("a", a_argv);
+    pid_t a = test_spawn_logged(dir, "a", a_argv);
     setenv("REGROUP_METADATA_URL", url, 1);
-    pid_t b = spawn("b", b_argv);
+    pid_t b = test_spawn_logged(dir, "b", b_argv);
     unsetenv("REGROUP_METADATA_URL");
-    wait_log("a", " of 2, restart 0)", 60000);
-    TEST_WAIT_UNTIL(committed_steps() > 0, 120000, "no checkpoint committed within 120 s");
+    test_wait_log(dir, "a", " of 2, restart 0)", 60000);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 120000, "no checkpoint committed within 120 s");
     meta_state("notice 60");
     ck_assert_int_eq(test_wait_exit(b, 120000), 0);
     ck_assert_int_eq(test_wait_exit(a, 400000), 0);
@@ -300,8 +259,9 @@ START_TEST(test_fmnist_notice)
     long resumed = log_number("a", "resumed from checkpoint step ");
     ck_assert_msg(left > 0 && resumed == left, "left at step %ld, resumed from %ld", left,
                   resumed);
-    ck_assert(log_has("a", "checkpoint committed") || log_has("b", "checkpoint committed"));
-    ck_assert(log_has("a", "test_accuracy="));
+    ck_assert(test_log_has(dir, "a", "checkpoint committed") ||
+              test_log_has(dir, "b", "checkpoint committed"));
+    ck_assert(test_log_has(dir, "a", "test_accuracy="));
 }
 END_TEST
 
@@ -314,13 +274,14 @@ START_TEST(test_notice_too_late_falls_back)
     meta_state("notice -5");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
     ck_assert_int_eq(test_wait_exit(j.a, 240000), 0);
-    ck_assert_msg(!log_has("a", "checkpoint committed") && !log_has("b", "checkpoint committed"),
+    ck_assert_msg(!test_log_has(dir, "a", "checkpoint committed") &&
+                      !test_log_has(dir, "b", "checkpoint committed"),
                   "a last checkpoint was taken with no time left");
     long resumed = log_number("a", "resumed from step ");
     ck_assert_msg(resumed > 0 && resumed % 5 == 0, "resumed from %ld, not from a periodic "
                   "checkpoint", resumed);
-    ck_assert(log_has("a", "exact=1") && log_has("a", "world=1"));
-    ck_assert(!log_has("a", "failed more than"));
+    ck_assert(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=1"));
+    ck_assert(!test_log_has(dir, "a", "failed more than"));
 }
 END_TEST
 
@@ -333,11 +294,11 @@ START_TEST(test_sigterm_during_last_save)
     meta_up("aws", "none");
     job_t j = start_pair("term", "aws", "--grace-period=30", "20000", "65536");
     meta_state("notice 90");
-    wait_log("b", "this node leaves the job: aws", 30000);
-    ck_assert_msg(!log_has("b", "left the job"), "the node left before its SIGTERM");
+    test_wait_log(dir, "b", "this node leaves the job: aws", 30000);
+    ck_assert_msg(!test_log_has(dir, "b", "left the job"), "the node left before its SIGTERM");
     ck_assert_int_eq(kill(j.b, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 128 + SIGTERM);
-    ck_assert(log_has("b", "then SIGTERM"));
+    ck_assert(test_log_has(dir, "b", "then SIGTERM"));
     check_no_step_lost(&j);
 }
 END_TEST
@@ -348,7 +309,7 @@ START_TEST(test_sigterm_is_a_notice)
     job_t j = start_pair("sig", "none", "--grace-period=20", "20000", "0");
     ck_assert_int_eq(kill(j.b, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 128 + SIGTERM);
-    ck_assert(log_has("b", "this node leaves the job: SIGTERM"));
+    ck_assert(test_log_has(dir, "b", "this node leaves the job: SIGTERM"));
     check_no_step_lost(&j);
 }
 END_TEST
@@ -367,14 +328,14 @@ START_TEST(test_plain_program_and_status)
     setenv("REGROUP_METADATA_URL", url, 1);
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=plain", "--preemption-notice=gce",
                     "--grace-period=1", "--max-restarts=0", "/bin/sh", "-c", prog, NULL};
-    pid_t p = spawn("plain", argv);
-    wait_log("plain", "(ranks 0..0 of 1,", 30000);
+    pid_t p = test_spawn_logged(dir, "plain", argv);
+    test_wait_log(dir, "plain", "(ranks 0..0 of 1,", 30000);
     meta_state("notice 0");
     TEST_WAIT_UNTIL(file_exists(mark), 30000, "the worker got no SIGTERM on the notice");
     char *st_argv[] = {REGROUP_BIN, "status", ep_arg, "--rdzv-id=plain", NULL};
     char out[8192];
     char st_log[400];
-    log_path("status", st_log, sizeof(st_log));
+    test_log_path(dir, "status", st_log, sizeof(st_log));
     ck_assert_int_eq(test_run_output(st_argv, st_log, 30000, out, sizeof(out)), 0);
     ck_assert_msg(strstr(out, "leaving: round 0: node 127.0.0.1") != NULL &&
                   strstr(out, "gce instance/preempted: TRUE") != NULL,
@@ -382,7 +343,8 @@ START_TEST(test_plain_program_and_status)
     /* the program ignores SIGTERM: the agent's own SIGTERM ends it within the grace period */
     ck_assert_int_eq(kill(p, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(p, 30000), 128 + SIGTERM);
-    ck_assert(log_has("plain", "ignored SIGTERM") || log_has("plain", "still running"));
+    ck_assert(test_log_has(dir, "plain", "ignored SIGTERM") ||
+              test_log_has(dir, "plain", "still running"));
 }
 END_TEST
 
@@ -395,12 +357,12 @@ START_TEST(test_notice_while_joining)
     setenv("REGROUP_METADATA_URL", url, 1);
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=joining", "--nnodes=2",
                     "--preemption-notice=aws", "/bin/true", NULL};
-    pid_t p = spawn("joining", argv);
-    wait_log("joining", "rendezvous: joined round 0", 30000);
+    pid_t p = test_spawn_logged(dir, "joining", argv);
+    test_wait_log(dir, "joining", "rendezvous: joined round 0", 30000);
     meta_state("notice 30");
     ck_assert_int_eq(test_wait_exit(p, 30000), 0);
-    ck_assert(log_has("joining", "this node left the job before joining it (aws spot"));
-    ck_assert(!log_has("joining", "started 1 workers"));
+    ck_assert(test_log_has(dir, "joining", "this node left the job before joining it (aws spot"));
+    ck_assert(!test_log_has(dir, "joining", "started 1 workers"));
 }
 END_TEST
 
@@ -413,12 +375,12 @@ START_TEST(test_auto_finds_the_service)
     setenv("REGROUP_METADATA_URL", url, 1);
     char *argv[] = {REGROUP_BIN, "--standalone", "--preemption-notice=auto", "/bin/sh", "-c",
                     prog, NULL};
-    pid_t p = spawn("auto", argv);
-    wait_log("auto", "--preemption-notice=auto: found azure at http://127.0.0.1:", 30000);
-    wait_log("auto", "(ranks 0..0 of 1,", 30000);
+    pid_t p = test_spawn_logged(dir, "auto", argv);
+    test_wait_log(dir, "auto", "--preemption-notice=auto: found azure at http://127.0.0.1:", 30000);
+    test_wait_log(dir, "auto", "(ranks 0..0 of 1,", 30000);
     meta_state("notice 40");
     ck_assert_int_eq(test_wait_exit(p, 60000), 0);
-    ck_assert(log_has("auto", "this node left the job (azure scheduled event Preempt"));
+    ck_assert(test_log_has(dir, "auto", "this node left the job (azure scheduled event Preempt"));
     ck_assert(test_file_contains(server_log, "ack 602d9444-d2cd-49c7-8624-8643e7171297"));
 }
 END_TEST
@@ -433,11 +395,11 @@ static void run_unhealthy(const char *name, const char *notice, const char *meta
     snprintf(pn, sizeof(pn), "--preemption-notice=%s", notice);
     char *argv[] = {REGROUP_BIN, "--standalone", pn, "--nproc-per-node=2", RG_EXACT_BIN,
                     "--epochs", "30", "--work", "20000", NULL};
-    pid_t p = spawn(name, argv);
-    wait_log(name, warning, 60000);
+    pid_t p = test_spawn_logged(dir, name, argv);
+    test_wait_log(dir, name, warning, 60000);
     ck_assert_int_eq(test_wait_exit(p, 240000), 0);
-    ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
-    ck_assert(!log_has(name, "leaves the job"));
+    ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
+    ck_assert(!test_log_has(dir, name, "leaves the job"));
     unsetenv("REGROUP_METADATA_URL");
 }
 
@@ -453,7 +415,7 @@ START_TEST(test_service_answers_404)
     meta_up("all", "none");
     /* AWS's 404 on instance-action is its normal "no notice": no warning for that. */
     run_unhealthy("aws404", "aws", url, "round 0: started 2 workers");
-    ck_assert(!log_has("aws404", "warn  launcher_notice.c"));
+    ck_assert(!test_log_has(dir, "aws404", "warn  launcher_notice.c"));
     ck_assert(test_file_contains(server_log, "GET /latest/meta-data/spot/instance-action 404"));
     meta_state("404");
     run_unhealthy("gce404", "gce", url, "--preemption-notice=gce: gce: instance/preempted "

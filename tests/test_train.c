@@ -6,8 +6,6 @@
  */
 #include "test_util.h"
 
-#include <regroup/ckpt.h>
-
 #include <check.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -32,46 +30,15 @@ static test_etcd_t etcd;   /* the tests that need one start it themselves */
 
 static void setup(void)
 {
-    test_tmpdir(dir, sizeof(dir), "train");
-    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+    test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "train");
     snprintf(trace, sizeof(trace), "%s/trace", dir);
-    ck_assert_int_eq(mkdir(ckpt, 0700), 0);
     ck_assert_int_eq(mkdir(trace, 0700), 0);
-    setenv("REGROUP_CKPT_DIR", ckpt, 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
 static void teardown(void)
 {
     test_etcd_down(&etcd);
     test_rmtree(dir);
-}
-
-/* Runs argv with output to dir/<name>.log. */
-static pid_t spawn(const char *name, char *const argv[])
-{
-    char log[400];
-    snprintf(log, sizeof(log), "%s/%s.log", dir, name);
-    return test_spawn(argv, log);
-}
-
-/* The number of committed checkpoints under root: those with a MANIFEST. */
-static size_t committed_steps(const char *root)
-{
-    int64_t *steps = NULL;
-    size_t n = 0;
-    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
-        return 0;
-    }
-    free(steps);
-    return n;
-}
-
-static bool log_has(const char *name, const char *text)
-{
-    char path[400];
-    snprintf(path, sizeof(path), "%s/%s.log", dir, name);
-    return test_file_contains(path, text);
 }
 
 /*
@@ -135,9 +102,9 @@ static void run_exact(int world, const char *kill_at)
     char *argv[] = {REGROUP_BIN, "--standalone", np, "--max-restarts=2", RG_EXACT_BIN,
                     "--trace", tr, kill_at ? "--kill-at" : NULL, (char *)kill_at,
                     "--kill-rank", "1", NULL};
-    pid_t pid = spawn("job", argv);
+    pid_t pid = test_spawn_logged(dir, "job", argv);
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
-    ck_assert_msg(log_has("job", "exact=1"), "no exact=1 at world %d", world);
+    ck_assert_msg(test_log_has(dir, "job", "exact=1"), "no exact=1 at world %d", world);
     check_exactly_once(EPOCHS, SAMPLES);
 }
 
@@ -150,13 +117,13 @@ END_TEST
 START_TEST(test_exact_after_worker_kill)
 {
     run_exact(3, "32");
-    ck_assert(log_has("job", "killing myself at step 32"));
+    ck_assert(test_log_has(dir, "job", "killing myself at step 32"));
     /* It resumes from a checkpoint at most 32 (which one depends on how far the background
      * writes had got: checkpoints are taken every 5 steps). */
     char path[400];
     char line[256];
     int resumed = -1;
-    snprintf(path, sizeof(path), "%s/job.log", dir);
+    test_log_path(dir, "job", path, sizeof(path));
     FILE *f = fopen(path, "r");
     ck_assert_ptr_nonnull(f);
     while (fgets(line, sizeof(line), f) != NULL) {
@@ -180,14 +147,14 @@ START_TEST(test_exact_with_node_joining)
     char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=join", "--nnodes=1:2", "--nproc-per-node=1",
                     "--rdzv-conf=last_call_timeout=0.5", RG_EXACT_BIN, "--trace", tr,
                     "--epochs", "3", "--work", "40000", NULL};
-    pid_t a = spawn("a", argv);
+    pid_t a = test_spawn_logged(dir, "a", argv);
     /* Mid-run: once a checkpoint has been committed (a step directory alone may still be
      * being written), the second node starts. */
-    TEST_WAIT_UNTIL(committed_steps(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
-    pid_t b = spawn("b", argv);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
+    pid_t b = test_spawn_logged(dir, "b", argv);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 120000), 0);
-    ck_assert_msg(log_has("a", "exact=1") && log_has("a", "world=2"),
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
     check_exactly_once(EPOCHS, SAMPLES);
 }
@@ -207,9 +174,9 @@ static void run_exact_on(const char *name, const char *endpoints, const char *co
     setenv("REGROUP_CKPT_DIR", ck, 1);
     char *argv[] = {REGROUP_BIN, ep, id, "--nnodes=1", "--nproc-per-node=2", (char *)conf,
                     RG_EXACT_BIN, "--epochs", "2", NULL};
-    pid_t pid = spawn(name, argv);
+    pid_t pid = test_spawn_logged(dir, name, argv);
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
-    ck_assert_msg(log_has(name, "exact=1"), "%s: no exact=1", name);
+    ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     setenv("REGROUP_CKPT_DIR", ckpt, 1);
 }
 
@@ -225,8 +192,9 @@ START_TEST(test_exact_secured_etcd)
     char ep[600];
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=tls", conf, NULL};
-    ck_assert_int_eq(test_wait_exit(spawn("status", status_argv), 30000), 0);
-    ck_assert_msg(log_has("status", "job:     tls"), "regroup status did not read the job");
+    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "status", status_argv), 30000), 0);
+    ck_assert_msg(test_log_has(dir, "status", "job:     tls"),
+                  "regroup status did not read the job");
     test_etcd_down(&etcd);
 
     test_etcd_up(&etcd, &(test_etcd_opts_t){.auth = true});
@@ -241,11 +209,11 @@ START_TEST(test_trainer_fit)
 {
     char *argv[] = {RG_EXACT_BIN, "--trainer", "2", "--ckpt-root", ckpt, "--kill-at", "22",
                     "--kill-rank", "1", NULL};
-    pid_t pid = spawn("trainer", argv);
+    pid_t pid = test_spawn_logged(dir, "trainer", argv);
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
-    ck_assert(log_has("trainer", "killing myself at step 22"));
-    ck_assert(log_has("trainer", "exact=1"));
-    ck_assert(log_has("trainer", "trainer: the job finished"));
+    ck_assert(test_log_has(dir, "trainer", "killing myself at step 22"));
+    ck_assert(test_log_has(dir, "trainer", "exact=1"));
+    ck_assert(test_log_has(dir, "trainer", "trainer: the job finished"));
 }
 END_TEST
 
@@ -255,13 +223,13 @@ START_TEST(test_mlp_loss_falls_at_world_2)
     char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", RG_FMNIST_BIN,
                     "--epochs", "1", "--log-every", "50", "--ckpt-every", "100", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    pid_t pid = spawn("mlp", argv);
+    pid_t pid = test_spawn_logged(dir, "mlp", argv);
     ck_assert_int_eq(test_wait_exit(pid, 240000), 0);
     char path[400];
     char line[256];
     double first = -1;
     double last = -1;
-    snprintf(path, sizeof(path), "%s/mlp.log", dir);
+    test_log_path(dir, "mlp", path, sizeof(path));
     FILE *f = fopen(path, "r");
     ck_assert_ptr_nonnull(f);
     while (fgets(line, sizeof(line), f) != NULL) {
@@ -277,7 +245,7 @@ START_TEST(test_mlp_loss_falls_at_world_2)
     fclose(f);
     ck_assert_msg(first > 0 && last > 0 && last < 0.5 * first,
                   "loss went from %.4f to %.4f", first, last);
-    ck_assert(log_has("mlp", "test_accuracy="));
+    ck_assert(test_log_has(dir, "mlp", "test_accuracy="));
 }
 END_TEST
 

@@ -1,6 +1,8 @@
 /* What the test suites share (see test_util.h). */
 #include "test_util.h"
 
+#include <regroup/ckpt.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -159,6 +161,58 @@ bool test_pid_gone(pid_t pid, int timeout_ms)
         }
         rg_sleep_ms(TEST_POLL_MS);
     }
+}
+
+/* ---- a directory of jobs: one log per process, by name -------------------------------- */
+
+void test_job_dirs(char *dir, size_t dir_cap, char *ckpt, size_t ckpt_cap, const char *tag)
+{
+    test_tmpdir(dir, dir_cap, tag);
+    int n = snprintf(ckpt, ckpt_cap, "%s/ckpt", dir);
+    ck_assert_msg(n > 0 && (size_t)n < ckpt_cap, "%s/ckpt too long for %zu bytes", dir,
+                  ckpt_cap);
+    ck_assert_msg(mkdir(ckpt, 0700) == 0, "mkdir %s: %s", ckpt, strerror(errno));
+    setenv("REGROUP_CKPT_DIR", ckpt, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+}
+
+void test_log_path(const char *dir, const char *name, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s/%s.log", dir, name);
+    ck_assert_msg(n > 0 && (size_t)n < cap, "%s/%s.log too long for %zu bytes", dir, name,
+                  cap);
+}
+
+pid_t test_spawn_logged(const char *dir, const char *name, char *const argv[])
+{
+    char log[512];
+    test_log_path(dir, name, log, sizeof(log));
+    return test_spawn(argv, log);
+}
+
+bool test_log_has(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    test_log_path(dir, name, path, sizeof(path));
+    return test_file_contains(path, text);
+}
+
+void test_wait_log(const char *dir, const char *name, const char *text, int timeout_ms)
+{
+    char path[512];
+    test_log_path(dir, name, path, sizeof(path));
+    test_wait_file_contains(path, text, timeout_ms);
+}
+
+size_t test_ckpt_committed(const char *root)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (rg_ckpt_list(root, &steps, &n) != RG_OK) {
+        return 0;
+    }
+    free(steps);
+    return n;
 }
 
 /* ---- an etcd for a test ---------------------------------------------------------------- */

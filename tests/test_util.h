@@ -90,6 +90,24 @@ int test_run_output(char *const argv[], const char *log_path, int timeout_ms, ch
 /* True once pid (any process, not only a child) is gone or a zombie, within timeout_ms. */
 bool test_pid_gone(pid_t pid, int timeout_ms);
 
+/* ---- a directory of jobs: one log per process, by name -------------------------------- */
+
+/* What a test that runs jobs under the launcher sets up: a fresh directory (test_tmpdir, tag)
+ * into dir and its checkpoint root dir/ckpt into ckpt, with REGROUP_CKPT_DIR pointing at it and
+ * UCX on the loopback device (UCX_NET_DEVICES=lo). Fails the test if it cannot. */
+void test_job_dirs(char *dir, size_t dir_cap, char *ckpt, size_t ckpt_cap, const char *tag);
+/* The log of the process a test calls name: dir/<name>.log, into out. */
+void test_log_path(const char *dir, const char *name, char *out, size_t cap);
+/* test_spawn with both streams appended to dir/<name>.log. */
+pid_t test_spawn_logged(const char *dir, const char *name, char *const argv[]);
+/* True if a line of dir/<name>.log contains text (test_file_contains). */
+bool test_log_has(const char *dir, const char *name, const char *text);
+/* Waits until a line of dir/<name>.log contains text; fails the test after timeout_ms. */
+void test_wait_log(const char *dir, const char *name, const char *text, int timeout_ms);
+/* How many checkpoints under root are committed (have a MANIFEST: rg_ckpt_list); 0 if none
+ * or root cannot be listed. */
+size_t test_ckpt_committed(const char *root);
+
 /* ---- an etcd for a test ---------------------------------------------------------------- */
 
 /* Raft timing for one member: leases can expire in about a second. */

@@ -23,6 +23,8 @@ import numpy as np
 
 import regroup
 
+from exact_counts import count_step, report_exact
+
 SAMPLES, BATCH, SEED, EVERY = 200, 8, 11, 5
 
 
@@ -84,11 +86,7 @@ def run(ctx, a):
                     ctx.restart_count == 0 and not replacement:
                 print("rank 1: killing myself at step %d" % gstep, file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-            ids = sampler.next_step()
-            inc = np.zeros((EPOCHS, SAMPLES), np.int32)
-            inc[epoch, ids] += 1
-            ctx.allreduce(inc)
-            seen += inc
+            count_step(ctx, seen, epoch, sampler.next_step())
             done = gstep + 1
             cur = sampler.cursor
             ctx.report(done, state={"seen": seen} if done % EVERY == 0 else None, cursor=cur)
@@ -97,14 +95,7 @@ def run(ctx, a):
                 raise
             why = "the membership changes" if isinstance(e, regroup.MembershipChanged) \
                 else "a peer failed"
-    if ctx.rank == 0:
-        bad = np.argwhere(seen != 1)
-        if len(bad):
-            print("exact=0: %d (epoch, sample) counts are not 1, first %s: %d" % (
-                len(bad), tuple(bad[0]), seen[tuple(bad[0])]), flush=True)
-            return 1
-        print("exact=1 world=%d" % ctx.world_size, flush=True)
-    return 0
+    return report_exact(ctx, seen)
 
 
 if __name__ == "__main__":
