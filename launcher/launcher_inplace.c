@@ -255,6 +255,41 @@ void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
     rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n);
 }
 
+/* One pass of what the agent does for its workers while it joins in place: the timer, the
+ * workers' heartbeat on the page, their output and messages, the hang check, the signals
+ * (*stop_signal for a stop signal). True if a worker ended (SIGCHLD). */
+static bool serve_workers(const launcher_inplace_env_t *e, int timer, int *stop_signal)
+{
+    const rg_agent_params_t *cfg = e->cfg;
+    uint64_t ticks;
+    if (read(timer, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN) {
+        rg_debug("timerfd: %s", strerror(errno));
+    }
+    rg_notice_heartbeat(e->notice);
+    for (int i = 0; i < e->ws->n; i++) {
+        if (e->ws->w[i].out_fd >= 0) {
+            launcher_workers_pump(e->ws, e->ws->w[i].out_fd, cfg);
+        }
+        if (e->ws->w[i].err_fd >= 0) {
+            launcher_workers_pump(e->ws, e->ws->w[i].err_fd, cfg);
+        }
+    }
+    launcher_inplace_read(e->ip, e->ws);
+    if (e->beat != NULL) {
+        (void)launcher_hang_check(e->ws, e->beat, cfg);   /* reaped at the next look */
+    }
+    bool child = false;
+    struct signalfd_siginfo si;
+    for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {
+        if (si.ssi_signo == SIGCHLD) {
+            child = true;
+        } else {
+            *stop_signal = (int)si.ssi_signo;
+        }
+    }
+    return child;
+}
+
 /* Reaps during a join: true if a worker that is needed died (the caller restarts the job). */
 static bool reap_during_join(const launcher_inplace_env_t *e)
 {
@@ -311,10 +346,6 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
             end = INPLACE_ERROR;
             break;
         }
-        uint64_t ticks;
-        if (read(timer, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN) {
-            rg_debug("timerfd: %s", strerror(errno));
-        }
         /* The lease is this node's membership: renew the workers' view of it only while it
          * is alive (rg_rdzv_check says LEASE_LOST otherwise). */
         rg_rdzv_change_t change = RG_RDZV_NONE;
@@ -323,28 +354,7 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
             end = INPLACE_RESTART;
             break;
         }
-        rg_notice_heartbeat(e->notice);
-        for (int i = 0; i < e->ws->n; i++) {
-            if (e->ws->w[i].out_fd >= 0) {
-                launcher_workers_pump(e->ws, e->ws->w[i].out_fd, cfg);
-            }
-            if (e->ws->w[i].err_fd >= 0) {
-                launcher_workers_pump(e->ws, e->ws->w[i].err_fd, cfg);
-            }
-        }
-        launcher_inplace_read(e->ip, e->ws);
-        if (e->beat != NULL) {
-            (void)launcher_hang_check(e->ws, e->beat, cfg);   /* reaped at the next look */
-        }
-        bool child = false;
-        struct signalfd_siginfo si;
-        for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {
-            if (si.ssi_signo == SIGCHLD) {
-                child = true;
-            } else {
-                *stop_signal = (int)si.ssi_signo;
-            }
-        }
+        bool child = serve_workers(e, timer, stop_signal);
         if (*stop_signal != 0) {
             end = INPLACE_STOPPED;
             break;
@@ -407,32 +417,7 @@ launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *
             break;
         }
         (void)epoll_wait(ep, ev, 8, (int)RG_MIN(left, tick));
-        uint64_t ticks;
-        if (read(timer, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN) {
-            rg_debug("timerfd: %s", strerror(errno));
-        }
-        rg_notice_heartbeat(e->notice);   /* (this node's lease is kept by its keeper) */
-        for (int i = 0; i < e->ws->n; i++) {
-            if (e->ws->w[i].out_fd >= 0) {
-                launcher_workers_pump(e->ws, e->ws->w[i].out_fd, cfg);
-            }
-            if (e->ws->w[i].err_fd >= 0) {
-                launcher_workers_pump(e->ws, e->ws->w[i].err_fd, cfg);
-            }
-        }
-        launcher_inplace_read(e->ip, e->ws);
-        if (e->beat != NULL) {
-            (void)launcher_hang_check(e->ws, e->beat, cfg);   /* reaped at the next look */
-        }
-        bool child = false;
-        struct signalfd_siginfo si;
-        for (int k = 0; k < 32 && read(e->sigfd, &si, sizeof(si)) == sizeof(si); k++) {
-            if (si.ssi_signo == SIGCHLD) {
-                child = true;
-            } else {
-                *stop_signal = (int)si.ssi_signo;
-            }
-        }
+        bool child = serve_workers(e, timer, stop_signal);
         if (*stop_signal != 0) {
             end = INPLACE_STOPPED;
             break;

@@ -155,26 +155,43 @@ START_TEST(test_inplace_two_faults)
 }
 END_TEST
 
-/* Two agents of 2 workers on 127.0.0.1; the second one's agent is SIGKILLed mid-run. */
-/* Two agents of 2 workers; once the job trains, node b gets sig (SIGKILL: lost; SIGTERM:
- * preempted, it leaves on purpose). */
-static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
+static char ep_arg[600];
+
+/* The test's etcd, for start_node. */
+static void job_etcd(void)
 {
-    char ep[600];
     test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
-    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=node", (char *)nnodes, "--nproc-per-node=2",
-                    "--max-restarts=3", "--recovery=in-place",
-                    /* a long last call: both nodes are in the first round, however late
-                     * the second one starts on a busy machine (a node that joins later is
-                     * taken by restarting) */
-                    "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8",
-                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
-    *a = test_spawn_logged(dir, "a", argv);
-    *b = test_spawn_logged(dir, "b", argv);
-    /* Mid-run: both nodes' ranks are training once a checkpoint is committed. */
+    snprintf(ep_arg, sizeof(ep_arg), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+}
+
+/* Node `name`'s agent of an in-place rg-exact job on the test's etcd (job_etcd), with
+ * --nnodes, --nproc-per-node and --rdzv-conf as given. */
+static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
+                        const char *conf)
+{
+    char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
+                    "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
+                    "--epochs", "8", "--work", "400000", NULL};
+    return test_spawn_logged(dir, name, argv);
+}
+
+/* Mid-run: every node's ranks are training once a checkpoint is committed. */
+static void wait_training(void)
+{
     TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
                     "no checkpoint committed within 60 s: the job does not run");
+}
+
+/* Two agents of 2 workers; once the job trains, node b gets sig (SIGKILL: lost; SIGTERM:
+ * preempted, it leaves on purpose). A long last call: both nodes are in the first round,
+ * however late the second one starts on a busy machine. */
+static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8";
+    job_etcd();
+    *a = start_node("a", nnodes, "--nproc-per-node=2", conf);
+    *b = start_node("b", nnodes, "--nproc-per-node=2", conf);
+    wait_training();
     ck_assert_int_eq(kill(*b, sig), 0);
     ck_assert_int_eq(test_wait_exit(*b, 30000), 128 + sig);
 }
@@ -203,19 +220,13 @@ END_TEST
  * there (SIGSTOP) is found hung and killed within hang_timeout, not at the join timeout. */
 START_TEST(test_inplace_hang_while_joining)
 {
-    char ep[600];
-    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
-    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=hang", "--nnodes=2:2", "--nproc-per-node=1",
-                    "--max-restarts=3", "--recovery=in-place",
-                    "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=60",
-                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=60";
+    job_etcd();
     setenv("REGROUP_LOG_LEVEL", "info", 1);
-    pid_t a = test_spawn_logged(dir, "a", argv);
-    pid_t b = test_spawn_logged(dir, "b", argv);
+    pid_t a = start_node("a", "--nnodes=2:2", "--nproc-per-node=1", conf);
+    pid_t b = start_node("b", "--nnodes=2:2", "--nproc-per-node=1", conf);
     unsetenv("REGROUP_LOG_LEVEL");
-    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
-                    "no checkpoint committed within 60 s: the job does not run");
+    wait_training();
     ck_assert_int_eq(kill(b, SIGKILL), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouping in place"), 30000,
@@ -238,17 +249,11 @@ END_TEST
  * at world 4. */
 START_TEST(test_inplace_node_joins)
 {
-    char ep[600];
-    test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
-    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
-    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=join", "--nnodes=1:2", "--nproc-per-node=2",
-                    "--max-restarts=3", "--recovery=in-place",
-                    "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30",
-                    RG_EXACT_BIN, "--epochs", "8", "--work", "400000", NULL};
-    pid_t a = test_spawn_logged(dir, "a", argv);
-    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 1, 60000,
-                    "no checkpoint committed within 60 s: the job does not run");
-    pid_t b = test_spawn_logged(dir, "b", argv);
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
+    job_etcd();
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    wait_training();
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),

@@ -284,13 +284,7 @@ class Context:
         regroup.MembershipChanged, on every rank at the same step, with .notice (a Notice)
         saying what: a node leaves (notice.preempt; notice.leaving when it is this rank's:
         then take the last checkpoint with leave()) or the membership changes."""
-        h = self._handle()
-        keep = []
-        rep, cursor = self._report(step, metrics, cursor, epoch, keep)
-        st_p = None
-        if state is not None:
-            st_p = ctypes.byref(self._state(state, cursor, keep))
-        st = self._lib.rg_report(h, ctypes.byref(rep), st_p)
+        st = self._call_report(self._lib.rg_report, step, metrics, state, cursor, epoch)
         try:
             _status.check(st, "rg_report")
         except _status.MembershipChanged as e:
@@ -314,17 +308,21 @@ class Context:
         the checkpoint before. Either way the same on every rank, and a restart-mode worker
         (or, in place, one whose notice.leaving is true) then returns from its program
         (exit 0); in place the others regroup. Collective."""
+        st = self._call_report(self._lib.rg_train_leave, step, metrics, state, cursor, epoch)
+        if st != 0 and _status.status_name(st) == "ETIMEDOUT":
+            return False
+        _status.check(st, "rg_train_leave")
+        return True
+
+    def _call_report(self, fn, step, metrics, state, cursor, epoch):
+        """fn (rg_report or rg_train_leave) with the report and the state: its status."""
         h = self._handle()
         keep = []
         rep, cursor = self._report(step, metrics, cursor, epoch, keep)
         st_p = None
         if state is not None:
             st_p = ctypes.byref(self._state(state, cursor, keep))
-        st = self._lib.rg_train_leave(h, ctypes.byref(rep), st_p)
-        if st != 0 and _status.status_name(st) == "ETIMEDOUT":
-            return False
-        _status.check(st, "rg_train_leave")
-        return True
+        return fn(h, ctypes.byref(rep), st_p)
 
     def _report(self, step, metrics, cursor, epoch, keep):
         """The rg_report_t of report() and leave(), and the cursor as a Cursor."""
