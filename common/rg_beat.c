@@ -73,7 +73,16 @@ void rg_beat_host_reset(rg_beat_host_t *h, int i)
     if (h->page != NULL && i >= 0 && (uint32_t)i < h->page->n_slots) {
         atomic_store(&h->page->slots[i].beat_ms, 0);
         atomic_store(&h->page->slots[i].beats, 0);
+        atomic_store(&h->page->slots[i].pid, 0);
     }
+}
+
+pid_t rg_beat_pid(const rg_beat_host_t *h, int i)
+{
+    if (h->page == NULL || i < 0 || (uint32_t)i >= h->page->n_slots) {
+        return 0;
+    }
+    return (pid_t)atomic_load(&h->page->slots[i].pid);
 }
 
 int64_t rg_beat_age_ms(const rg_beat_host_t *h, int i, int64_t now)
@@ -165,6 +174,7 @@ rg_status_t rg_beat_worker_start(int slot, rg_beat_worker_t **wp)
                         RG_BEAT_ENV, s, RG_BEAT_VERSION, slot);
     }
     w->slot = &w->page->slots[slot];
+    atomic_store(&w->slot->pid, (int32_t)getpid());
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -21,18 +21,21 @@
 #include "rg_common.h"
 
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #define RG_BEAT_ENV       "REGROUP_BEAT_FD"
 #define RG_BEAT_MAGIC     0x52474254u   /* "RGBT" */
-#define RG_BEAT_VERSION   1u
+#define RG_BEAT_VERSION   2u
 #define RG_BEAT_PERIOD_MS 100
 #define RG_BEAT_MAX_SLOTS 256           /* LAUNCHER_MAX_NPROC */
 
 typedef struct {
     _Atomic uint64_t beat_ms;           /* CLOCK_MONOTONIC ms; 0 = not armed */
     _Atomic uint64_t beats;             /* how many, for the logs */
-    char             pad[48];           /* one cache line a slot */
+    _Atomic int32_t  pid;               /* the beating process (a wrapper's child, maybe) */
+    char             pad[44];           /* one cache line a slot */
 } rg_beat_slot_t;
+_Static_assert(sizeof(rg_beat_slot_t) == 64, "a beat slot is one cache line");
 
 typedef struct {
     uint32_t       magic;
@@ -56,6 +59,8 @@ void        rg_beat_host_destroy(rg_beat_host_t *h);       /* accepts a zeroed h
 void        rg_beat_host_reset(rg_beat_host_t *h, int i);
 /* Milliseconds since slot i's last beat at now_ms; -1 if not armed (or no such slot). */
 int64_t     rg_beat_age_ms(const rg_beat_host_t *h, int i, int64_t now_ms);
+/* The pid that beats slot i (the worker API's process), 0 if none said. */
+pid_t       rg_beat_pid(const rg_beat_host_t *h, int i);
 
 /* ---- the worker's side ----------------------------------------------------------------- */
 

@@ -261,6 +261,8 @@ typedef struct {
     char  error_file[512];
     bool  bind;                 /* --numa-binding: sched_setaffinity(cpus) before exec */
     cpu_set_t cpus;
+    int64_t  stale_ms;          /* hang check: when its beat was first seen stale, or 0 */
+    uint64_t stale_cpu;         /* the beating process's CPU ticks then */
 } launcher_worker_t;
 
 typedef struct {
@@ -290,8 +292,10 @@ typedef struct {
 } launcher_spawn_t;
 
 /* Hang detection (launcher_hang.c): the tick the agent needs to find a hang in time, and
- * the check: kills the running workers whose heartbeat is older than cfg->hang_ms (the
- * reaping then reports them), returning how many. */
+ * the check: kills the running workers that are hung (the reaping then reports them),
+ * returning how many. Hung: a heartbeat older than cfg->hang_ms, and the beating process
+ * stopped (SIGSTOP, a tracer) or without CPU time for another cfg->hang_ms (frozen); a
+ * process that still gets CPU time is only slow (a loaded machine starves its beat). */
 int64_t launcher_hang_tick_ms(const rg_agent_params_t *cfg, int64_t tick_ms);
 int     launcher_hang_check(launcher_workers_t *ws, const rg_beat_host_t *beat,
                             const rg_agent_params_t *cfg);

@@ -437,6 +437,68 @@ START_TEST(test_inplace_assign_keeps_to_the_round_count)
 }
 END_TEST
 
+/* A child in a process group of its own (the hang check kills a worker's group) that ends by
+ * itself within 60 s whatever happens to the test: spinning, or waiting. */
+static pid_t hang_child(bool spin)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        alarm(60);
+        for (;;) {
+            if (!spin) {
+                pause();
+            }
+        }
+    }
+    ck_assert_int_gt(pid, 0);
+    setpgid(pid, pid);
+    return pid;
+}
+
+/* The hang check kills a worker whose heartbeat is stale when its process is stopped, and
+ * spares one that still gets CPU time: a loaded machine can starve the beat thread past
+ * hang_timeout (false alarms at load 20 without this). */
+START_TEST(test_hang_check_spares_a_running_worker)
+{
+    static launcher_workers_t ws;
+    static rg_agent_params_t cfg;
+    rg_beat_host_t beat;
+    int st;
+
+    cfg.hang_ms = 200;
+    ck_assert_int_eq(rg_beat_host_create(&beat, 2), RG_OK);
+    pid_t spin = hang_child(true);
+    pid_t stopped = hang_child(false);
+    ck_assert_int_eq(kill(stopped, SIGSTOP), 0);
+    ck_assert_int_eq(waitpid(stopped, &st, WUNTRACED), stopped);
+    ck_assert(WIFSTOPPED(st));
+    pid_t pids[2] = {spin, stopped};
+    int64_t now = (int64_t)(rg_now_ns() / 1000000ull);
+    ws.n = 2;
+    for (int i = 0; i < 2; i++) {
+        ws.w[i] = (launcher_worker_t){.pid = pids[i], .local_rank = i, .rank = i,
+                                      .running = true};
+        atomic_store(&beat.page->slots[i].beat_ms, (uint64_t)(now - 10000));   /* stale */
+        atomic_store(&beat.page->slots[i].pid, (int32_t)pids[i]);
+    }
+    ck_assert_int_eq(launcher_hang_check(&ws, &beat, &cfg), 1);   /* the stopped one */
+    ck_assert_int_eq(waitpid(stopped, &st, 0), stopped);
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    ws.w[1].running = false;
+    /* The spinning one, looked at over more than three timeouts: never hung. */
+    uint64_t until = rg_now_ns() + 3 * (uint64_t)cfg.hang_ms * 1000000ull;
+    while (rg_now_ns() < until) {
+        ck_assert_int_eq(launcher_hang_check(&ws, &beat, &cfg), 0);
+        rg_sleep_ms(TEST_POLL_MS);
+    }
+    ck_assert_int_eq(kill(spin, 0), 0);
+    kill(spin, SIGKILL);
+    ck_assert_int_eq(waitpid(spin, &st, 0), spin);
+    rg_beat_host_destroy(&beat);
+}
+END_TEST
+
 START_TEST(test_standalone_leaves_nothing)
 {
     stop_workers();   /* the workers finish at once */
@@ -1252,6 +1314,7 @@ int main(void)
     tcase_add_checked_fixture(tc2, setup_dir, down_dir);
     tcase_add_test(tc2, test_standalone_leaves_nothing);
     tcase_add_test(tc2, test_inplace_assign_keeps_to_the_round_count);
+    tcase_add_test(tc2, test_hang_check_spares_a_running_worker);
     tcase_add_test(tc2, test_bad_options);
     tcase_add_test(tc2, test_print_config_sources);
     tcase_add_test(tc2, test_torchrun_option_table);
