@@ -267,8 +267,10 @@ EOF
 chmod +x "$tmp/requeue.sh"
 rjob=$(timeout 20 sbatch --parsable --requeue -N1 -t 5 --open-mode=append \
        -o "$tmp/requeue.out" "$tmp/requeue.sh") || fail "sbatch"
-up_within 60 "$ctld_pid" "compgen -G '$tmp/ckpt/step-*' >/dev/null" ||
-    { cat "$tmp/requeue.out"; fail "job $rjob wrote no checkpoint in 60 s"; }
+# A committed checkpoint (its MANIFEST), not only a step directory being written: slurm's
+# SIGTERM may end the workers before an uncommitted one lands.
+up_within 60 "$ctld_pid" "compgen -G '$tmp/ckpt/step-*/MANIFEST' >/dev/null" ||
+    { cat "$tmp/requeue.out"; fail "job $rjob committed no checkpoint in 60 s"; }
 timeout 20 scontrol requeue "$rjob" || fail "scontrol requeue $rjob"
 job_state() {
     scontrol -o show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'
