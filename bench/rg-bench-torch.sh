@@ -23,6 +23,10 @@
 #
 #   bench/rg-bench-torch.sh [--build DIR] [-n RANKS] [--reps N] [--epochs E] [--kill-at S]
 #                           [--kill-rank R] [--floor ACC] [--python PY] [--keep]
+#                           [--regroup-conf KEY=VALUE,...]
+# --regroup-conf: regroup's --rdzv-conf, by default hang_timeout=0: its hang detector off, as
+# torchrun has none (with its default of 1 s, on the project's overloaded 2-core machine
+# every worker was once seen 3 s without a heartbeat and killed as hung).
 # --keep leaves the runs' logs in the /tmp/rg-bench-torch.* directory it names.
 set -euo pipefail
 if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
@@ -39,8 +43,9 @@ kill_rank=1
 floor=0.80
 python=/usr/bin/python3
 keep=0
+regroup_conf=hang_timeout=0
 usage="usage: $0 [--build DIR] [-n RANKS] [--reps N] [--epochs E] [--kill-at S] \
-[--kill-rank R] [--floor ACC] [--python PY] [--keep]"
+[--kill-rank R] [--floor ACC] [--python PY] [--keep] [--regroup-conf CONF]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -52,6 +57,7 @@ while (($#)); do
         --floor) floor=$2; shift 2 ;;
         --python) python=$2; shift 2 ;;
         --keep) keep=1; shift ;;
+        --regroup-conf) regroup_conf=$2; shift 2 ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
@@ -76,6 +82,7 @@ run() { # $1 = side (regroup|torchrun), $2 = kind (plain|kill), $3 = repetition
     if [[ $side == regroup ]]; then
         REGROUP_CKPT_DIR="$dir/ckpt" timeout 900 "$build/regroup" --standalone \
             --nproc-per-node="$n" --max-restarts=3 \
+            ${regroup_conf:+--rdzv-conf="$regroup_conf"} \
             "$python" "$src/examples/python/fmnist_torch.py" "${args[@]}" >"$log" 2>&1 || rc=$?
     else
         # torch 1.13's torchrun takes its options with underscores only, and on Python 3.11
@@ -89,23 +96,30 @@ run() { # $1 = side (regroup|torchrun), $2 = kind (plain|kill), $3 = repetition
     if ((rc != 0)); then
         echo "$side $kind repetition $r: exit $rc" >&2; tail -20 "$log" >&2; exit 1
     fi
+    # the full checks come at the end; these fail a broken run at once
+    grep -q '^test_accuracy=' "$log" && { [[ $kind == plain ]] ||
+        grep -q "rank $kill_rank: killing myself at step $kill_at " "$log"; } ||
+        { echo "$side $kind repetition $r: no test accuracy or no kill" >&2; tail -20 "$log" >&2
+          exit 1; }
     echo "$side $kind $r $t0 $t1" >>"$out/times"
     rm -rf "$dir/ckpt"
 }
+# Each side's two runs of a repetition back to back (the kill cost is their difference, and
+# the machine's load drifts), the sides in alternating order: A plain, A kill, B kill,
+# B plain; then B plain, B kill, A kill, A plain; ...
 for ((r = 0; r < reps; r++)); do
-    if ((r % 2 == 0)); then order=(regroup torchrun); else order=(torchrun regroup); fi
-    for kind in plain kill; do
-        for side in "${order[@]}"; do run "$side" "$kind" "$r"; done
-    done
+    if ((r % 2 == 0)); then a=regroup b=torchrun; else a=torchrun b=regroup; fi
+    run "$a" plain "$r"; run "$a" kill "$r"; run "$b" kill "$r"; run "$b" plain "$r"
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$src" diff --quiet HEAD 2>/dev/null || commit="$commit-dirty"
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
 "$python" - "$out" "$reps" "$n" "$epochs" "$kill_at" "$kill_rank" "$floor" "$commit" \
-    "${build_type:-unknown}" "$load_start" "$load_end" <<'PY'
+    "${build_type:-unknown}" "$load_start" "$load_end" "$regroup_conf" <<'PY'
 import json, re, statistics, sys
-(out, reps, n, epochs, kill_at, kill_rank, floor, commit, btype, load0, load1) = sys.argv[1:]
+(out, reps, n, epochs, kill_at, kill_rank, floor, commit, btype, load0, load1,
+ rconf) = sys.argv[1:]
 reps, n, epochs, kill_at, kill_rank, floor = (int(reps), int(n), int(epochs), int(kill_at),
                                               int(kill_rank), float(floor))
 wall = {}
@@ -145,7 +159,8 @@ for side in ("regroup", "torchrun"):
         for r in range(reps):
             if (side, kind, r) not in res:
                 sys.exit("rg-bench-torch: %s %s repetition %d did not run" % (side, kind, r))
-meta = {"bench": "torch-compare", "ranks": n, "epochs": epochs, "kill_at": kill_at,
+meta = {"bench": "torch-compare", "regroup_conf": rconf, "ranks": n, "epochs": epochs,
+        "kill_at": kill_at,
         "kill_rank": kill_rank, "reps": reps, "failed": 0, "commit": commit, "build": btype,
         "load_start": load0, "load_end": load1}
 def series(side, metric):
