@@ -19,8 +19,8 @@
 #           redone, job_s  as above (job_s: both started to a's exit)
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
-# load average. A run that does not end with exact=1 at the expected world size fails the
-# benchmark, and so does an in-place run that resumed from a checkpoint or, joining, whose
+# load averages at its start and end. A run that does not end with exact=1 at the expected
+# world size fails the benchmark, and so does an in-place run that resumed from a checkpoint or, joining, whose
 # node b's workers were no newcomers. The step-log code is shared with rg-bench-recovery.sh
 # (rg_bench_steps.py). Holds /tmp/regroup-bench.lock so that no two benchmarks run at once.
 #
@@ -91,6 +91,7 @@ for _ in $(seq 100); do
 done
 ((up)) || { echo "etcd did not become healthy in 10 s:" >&2; tail -5 "$out/etcd.log" >&2; exit 1; }
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 fail() { echo "rg-bench-scale: $*" >&2; exit 1; }
@@ -199,7 +200,8 @@ for s in $scenarios; do
     done
 done
 
-PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" <<'EOF'
+PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
+    "$load_start" <<'EOF'
 import json, os, sys
 from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -242,5 +244,6 @@ for scen in sorted({k[0] for k in runs}, key=["join", "loss"].index):
     ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
     print(json.dumps({"bench": "scale", "scenario": "node-joins" if scen == "join" else "node-lost",
                       "job_time_ratio_in_place_over_restart": stats(ratios), "reps": reps, **meta}))
-print(json.dumps({"bench": "scale", "loadavg": open("/proc/loadavg").read().split()[:3], **meta}))
+print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
+                  "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
 EOF
