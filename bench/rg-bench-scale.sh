@@ -129,7 +129,7 @@ wait_agent() {
         sleep 0.02
     done
     rc=0
-    { wait "$1"; } 2>/dev/null || rc=$?   # no "Killed" notice for b
+    wait "$1" || rc=$?
 }
 
 # The run's result: exactly one exact= line, exact=1 at world size $2.
@@ -181,7 +181,7 @@ run_loss() { # $1 = mode (restart|in-place), $2 = repetition
         { show "$d"/[ab].log; fail "$d: node b's workers were not in round 0 at world 4"; }
     tk=$(now_ms)
     kill -KILL "$b"
-    wait_agent "$b"; rcb=$rc
+    wait_agent "$b" 2>/dev/null; rcb=$rc   # without bash's "Killed" notice
     wait_agent "$a"; rca=$rc
     t1=$(now_ms)
     pids=()
