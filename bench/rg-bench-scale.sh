@@ -55,6 +55,8 @@ done
 [[ "$reps" =~ ^[0-9]+$ ]] && ((reps >= 5 && reps <= 100)) ||
     { echo "--reps must be 5..100 (medians of 5 or more)" >&2; exit 2; }
 [[ "$at" =~ ^[0-9]+$ ]] && ((at >= 2)) || { echo "--at must be at least 2" >&2; exit 2; }
+[[ "$epochs" =~ ^[0-9]+$ && "$work" =~ ^[0-9]+$ ]] && ((epochs >= 1)) ||
+    { echo "--epochs and --work must be whole numbers (epochs >= 1)" >&2; exit 2; }
 [[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
     echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
 # 25 steps an epoch (rg-exact's 1000 samples in batches of 40): the event must come early
