@@ -56,23 +56,17 @@ for ((r = 0; r < reps; r++)); do
     if ((r % 2 == 0)); then run restart "$r"; run in-place "$r"; else run in-place "$r"; run restart "$r"; fi
 done
 
-/usr/bin/python3 - "$out" "$reps" "$n" "$work" <<'EOF'
-import json, os, statistics, sys
+PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$work" "$here/.." "$build" <<'EOF'
+import json, os, sys
+from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, n, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+meta = build_meta(sys.argv[5], sys.argv[6])
 jobs = {}
 for line in open(os.path.join(out, "jobs.txt")):
     mode, rep, ms = line.split()
     jobs[(mode, int(rep))] = int(ms) / 1000.0
 def one(mode, rep):
-    steps = [tuple(map(int, l.split())) for l in open(os.path.join(out, f"{mode}-{rep}", "steps.txt"))]
-    times = [t for _, t in steps]
-    gaps = [(b - a) / 1000.0 for a, b in zip(times, times[1:])]
-    normal = statistics.median(gaps)
-    redone = len(steps) - len({s for s, _ in steps})
-    return max(gaps) - normal, redone, normal
-def stats(xs):
-    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
-            "max": round(max(xs), 4)}
+    return pause_redone(read(os.path.join(out, f"{mode}-{rep}", "steps.txt")))
 for mode in ("restart", "in-place"):
     runs = [one(mode, r) for r in range(reps)]
     print(json.dumps({"bench": "recovery", "fault": "worker-sigkill", "mode": mode,
@@ -80,7 +74,8 @@ for mode in ("restart", "in-place"):
                       "pause_s": stats([p for p, _, _ in runs]),
                       "steps_redone": stats([d for _, d, _ in runs]),
                       "step_s": stats([s for _, _, s in runs]),
-                      "job_s": stats([jobs[(mode, r)] for r in range(reps)])}))
+                      "job_s": stats([jobs[(mode, r)] for r in range(reps)]), **meta}))
 ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
-print(json.dumps({"bench": "recovery", "fault": "worker-sigkill", "job_time_ratio_in_place_over_restart": stats(ratios)}))
+print(json.dumps({"bench": "recovery", "fault": "worker-sigkill",
+                  "job_time_ratio_in_place_over_restart": stats(ratios), "reps": reps, **meta}))
 EOF

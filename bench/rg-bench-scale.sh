@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# What a node joining and a node being lost cost the running job, in restart and in-place
+# mode. Two agents (nodes a and b) of 2 rg-exact workers each, on a private etcd on a free
+# loopback port, --nnodes=1:2, lease TTL 2 s; both modes interleaved (the order alternates
+# each repetition), each scenario and mode >= 5 times. From rank 0's step log (the wall time
+# each step completed; both nodes write the same file, whichever holds rank 0):
+#   join  node a runs alone (world 2, last call 0.5 s); node b starts once a's step log has
+#         --at steps, and the job goes on at world 4.
+#           pause_s      the longest gap between two completed steps, less the run's median
+#           redone       steps completed more than once (restart mode: since the checkpoint)
+#           to_world4_s  from b's start to the first step completed at world 4 (the step
+#                        after the one rank 0 says it regrouped or resumed from at world 4)
+#           job_s        a's start to both agents' exit
+#   loss  a and b start together (last call 6 s: both are in round 0, checked), b's agent is
+#         SIGKILLed once the step log has --at steps (its workers die with it), and a's
+#         workers finish at world 2.
+#           pause_s      as above; it includes detecting the loss: b's lease (TTL 2 s) must
+#                        run out before the survivors' next round closes
+#           redone, job_s  as above (job_s: both started to a's exit)
+# Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
+# and one per scenario with the per-pair ratio of job times (in-place / restart), then the
+# load averages at its start and end. A run that does not end with exact=1 at the expected
+# world size fails the benchmark, and so does an in-place run that resumed from a checkpoint or, joining, whose
+# node b's workers were no newcomers. The step-log code is shared with rg-bench-recovery.sh
+# (rg_bench_steps.py). Holds /tmp/regroup-bench.lock so that no two benchmarks run at once.
+#
+#   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
+#                           [--scenario join|loss|both]
+set -euo pipefail
+if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
+    RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+build="$here/../build"
+reps=5
+work=100000
+epochs=6
+at=15
+scenarios="join loss"
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|both]"
+while (($#)); do
+    case "$1" in
+        --build) build=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --work) work=$2; shift 2 ;;
+        --epochs) epochs=$2; shift 2 ;;
+        --at) at=$2; shift 2 ;;
+        --scenario)
+            case "$2" in join|loss) scenarios=$2 ;; both) scenarios="join loss" ;;
+                *) echo "$usage" >&2; exit 2 ;; esac
+            shift 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
+    esac
+done
+[[ "$reps" =~ ^[0-9]+$ ]] && ((reps >= 5 && reps <= 100)) ||
+    { echo "--reps must be 5..100 (medians of 5 or more)" >&2; exit 2; }
+[[ "$at" =~ ^[0-9]+$ ]] && ((at >= 2)) || { echo "--at must be at least 2" >&2; exit 2; }
+[[ "$epochs" =~ ^[0-9]+$ && "$work" =~ ^[0-9]+$ ]] && ((epochs >= 1)) ||
+    { echo "--epochs and --work must be whole numbers (epochs >= 1)" >&2; exit 2; }
+[[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
+    echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
+# 25 steps an epoch (rg-exact's 1000 samples in batches of 40): the event must come early
+# enough for the job to go on well past it.
+((at + 10 < epochs * 25)) || { echo "--at must be well below the job's $((epochs * 25)) steps" >&2; exit 2; }
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+out=$(mktemp -d /tmp/rg-bench-scale.XXXXXX)
+etcd_pid=
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    if [[ -n "$etcd_pid" ]]; then
+        kill "$etcd_pid" 2>/dev/null || true
+        wait "$etcd_pid" 2>/dev/null || true
+    fi
+    rm -rf "$out"
+}
+trap cleanup EXIT
+cport=$(free_port)
+pport=$(free_port)
+etcd --name bench --data-dir "$out/etcd" \
+     --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+     --initial-cluster "bench=http://127.0.0.1:$pport" \
+     --heartbeat-interval=50 --election-timeout=500 >"$out/etcd.log" 2>&1 &
+etcd_pid=$!
+up=0
+for _ in $(seq 100); do
+    if ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$cport" endpoint health >/dev/null 2>&1; then
+        up=1; break
+    fi
+    sleep 0.1
+done
+((up)) || { echo "etcd did not become healthy in 10 s:" >&2; tail -5 "$out/etcd.log" >&2; exit 1; }
+export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+fail() { echo "rg-bench-scale: $*" >&2; exit 1; }
+show() { for f in "$@"; do echo "--- $f" >&2; tail -20 "$f" >&2; done; }
+
+# Node $2's agent for run directory $1 (mode $3, job id $4, --rdzv-conf $5), in the
+# background; its pid (the agent's own: b's is SIGKILLed) is appended to pids. Every agent's
+# life is bounded: the waits below have deadlines and cleanup kills what is left.
+agent() {
+    REGROUP_CKPT_DIR="$1/ckpt" "$build/regroup" --rdzv-endpoint="127.0.0.1:$cport" \
+        --rdzv-id="$4" --nnodes=1:2 --nproc-per-node=2 --max-restarts=3 --recovery="$3" \
+        --rdzv-conf="$5" "$build/examples/rg-exact" --epochs "$epochs" --work "$work" \
+        --step-log "$1/steps.txt" >"$1/$2.log" 2>&1 &
+    pids+=($!)
+}
+
+# Waits until the step log of run directory $1 has $2 steps, while agent $3 runs (60 s).
+wait_steps() {
+    local deadline=$(( $(now_ms) + 60000 ))
+    while [[ ! -e "$1/steps.txt" ]] || (( $(wc -l <"$1/steps.txt") < $2 )); do
+        kill -0 "$3" 2>/dev/null || { show "$1"/*.log; fail "$1: an agent ended before step $2"; }
+        (( $(now_ms) < deadline )) || { show "$1"/*.log; fail "$1: no step $2 within 60 s"; }
+        sleep 0.02
+    done
+}
+
+# Waits for agent $1 (300 s at most; then it is killed) and sets rc to its exit status.
+wait_agent() {
+    local deadline=$(( $(now_ms) + 300000 ))
+    while kill -0 "$1" 2>/dev/null; do
+        if (( $(now_ms) >= deadline )); then
+            kill -KILL "$1" 2>/dev/null || true
+            break
+        fi
+        sleep 0.02
+    done
+    rc=0
+    wait "$1" || rc=$?
+}
+
+# The run's result: exactly one exact= line, exact=1 at world size $2.
+check_exact() {
+    local line
+    line=$(cat "$1"/[ab].log | grep -a '^exact=' || true)
+    [[ "$(grep -c . <<<"$line")" == 1 && "$line" == exact=1* && "$line" == *" world=$2" ]] ||
+        { show "$1"/*.log; fail "$1: not exact at world size $2: ${line:-no exact= line}"; }
+}
+
+run_join() { # $1 = mode (restart|in-place), $2 = repetition
+    local d="$out/join-$1-$2" conf="lease_ttl=2,last_call_timeout=0.5,join_timeout=30"
+    mkdir -p "$d/ckpt"
+    local t0 tb t1 a b rca rcb
+    t0=$(now_ms)
+    agent "$d" a "$1" "join-$1-$2" "$conf"; a=$!
+    wait_steps "$d" "$at" "$a"
+    tb=$(now_ms)
+    agent "$d" b "$1" "join-$1-$2" "$conf"; b=$!
+    wait_agent "$a"; rca=$rc
+    wait_agent "$b"; rcb=$rc
+    t1=$(now_ms)
+    pids=()
+    [[ "$rca" == 0 && "$rcb" == 0 ]] || { show "$d"/[ab].log; fail "$d: agents exited $rca and $rcb"; }
+    check_exact "$d" 4
+    # The step the job went on from at world 4: rank 0 says it, in place or after a restart.
+    local from
+    if [[ "$1" == in-place ]]; then
+        from=$(cat "$d"/[ab].log | sed -n 's/^regrouped: .* world 4 from step \([0-9]*\),.*/\1/p' | head -1)
+        ! grep -aq "resumed from step" "$d"/[ab].log || fail "$d: resumed from a checkpoint in place"
+        grep -aq "started (joining 1)" "$d/b.log" ||
+            { show "$d/b.log"; fail "$d: node b's workers were no newcomers (it joined by a restart)"; }
+    else
+        from=$(cat "$d"/[ab].log | sed -n 's/^resumed from step \([0-9]*\) at world size 4$/\1/p' | head -1)
+    fi
+    [[ -n "$from" ]] || { show "$d"/[ab].log; fail "$d: rank 0 never said it went on at world 4"; }
+    echo "join $1 $2 $((t1 - t0)) $tb $from" >>"$out/runs.txt"
+}
+
+run_loss() { # $1 = mode (restart|in-place), $2 = repetition
+    local d="$out/loss-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
+    mkdir -p "$d/ckpt"
+    local t0 tk t1 a b rca rcb
+    t0=$(now_ms)
+    agent "$d" a "$1" "loss-$1-$2" "$conf"; a=$!
+    agent "$d" b "$1" "loss-$1-$2" "$conf"; b=$!
+    wait_steps "$d" "$at" "$a"
+    grep -aq "round 0: started 2 workers (ranks [0-9]*\.\.[0-9]* of 4," "$d/b.log" ||
+        { show "$d"/[ab].log; fail "$d: node b's workers were not in round 0 at world 4"; }
+    tk=$(now_ms)
+    kill -KILL "$b"
+    wait_agent "$b" 2>/dev/null; rcb=$rc   # without bash's "Killed" notice
+    wait_agent "$a"; rca=$rc
+    t1=$(now_ms)
+    pids=()
+    [[ "$rca" == 0 && "$rcb" == 137 ]] || { show "$d"/[ab].log; fail "$d: agents exited $rca and $rcb"; }
+    check_exact "$d" 2
+    if [[ "$1" == in-place ]]; then
+        ! grep -aq "resumed from step" "$d/a.log" || fail "$d: resumed from a checkpoint in place"
+    fi
+    echo "loss $1 $2 $((t1 - t0)) $tk -1" >>"$out/runs.txt"
+}
+
+for s in $scenarios; do
+    for ((r = 0; r < reps; r++)); do
+        if ((r % 2 == 0)); then "run_$s" restart "$r"; "run_$s" in-place "$r"
+        else "run_$s" in-place "$r"; "run_$s" restart "$r"; fi
+    done
+done
+
+PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
+    "$load_start" <<'EOF'
+import json, os, sys
+from rg_bench_steps import build_meta, pause_redone, read, stats
+out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+meta = build_meta(sys.argv[6], sys.argv[7])
+runs = {}
+for line in open(os.path.join(out, "runs.txt")):
+    scen, mode, rep, job_ms, event_ms, frm = line.split()
+    runs[(scen, mode, int(rep))] = (int(job_ms) / 1000.0, int(event_ms), int(frm))
+
+def first_at(steps, frm):
+    """The time (ms) of the first step completed after going on from step frm: the step
+    frm + 1 that follows a restart (a step log going back) where there are several."""
+    idx = [i for i, (s, _) in enumerate(steps) if s == frm + 1]
+    if not idx:
+        raise SystemExit(f"step {frm + 1} never completed")
+    after = [i for i in idx if i > 0 and steps[i - 1][0] >= frm + 1]
+    return steps[(after or idx)[0]][1]
+
+for scen in sorted({k[0] for k in runs}, key=["join", "loss"].index):
+    jobs = {}
+    for mode in ("restart", "in-place"):
+        res = []
+        for r in range(reps):
+            job_s, event_ms, frm = runs[(scen, mode, r)]
+            steps = read(os.path.join(out, f"{scen}-{mode}-{r}", "steps.txt"))
+            pause, redone, step_s = pause_redone(steps)
+            extra = (first_at(steps, frm) - event_ms) / 1000.0 if scen == "join" else None
+            res.append((pause, redone, step_s, job_s, extra))
+            jobs[(mode, r)] = job_s
+        line = {"bench": "scale", "scenario": "node-joins" if scen == "join" else "node-lost",
+                "mode": mode, "nodes": 2, "workers_per_node": 2, "work": work,
+                "epochs": epochs, "event_at_step": at, "lease_ttl_s": 2, "reps": reps,
+                "pause_s": stats([x[0] for x in res]),
+                "steps_redone": stats([x[1] for x in res]),
+                "step_s": stats([x[2] for x in res])}
+        if scen == "join":
+            line["to_world4_s"] = stats([x[4] for x in res])
+        line["job_s"] = stats([x[3] for x in res])
+        print(json.dumps({**line, **meta}))
+    ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
+    print(json.dumps({"bench": "scale", "scenario": "node-joins" if scen == "join" else "node-lost",
+                      "job_time_ratio_in_place_over_restart": stats(ratios), "reps": reps, **meta}))
+print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
+                  "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
+EOF

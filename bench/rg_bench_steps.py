@@ -1,0 +1,58 @@
+"""Figures from rg-exact's step log, for the recovery benchmarks (rg-bench-recovery.sh,
+rg-bench-scale.sh).
+
+A step log is the file of rg-exact's --step-log: rank 0 appends "STEP MS" for every step it
+completes (MS: CLOCK_REALTIME milliseconds), so a step redone after a restart appears again.
+"""
+import os
+import statistics
+import subprocess
+
+
+def read(path):
+    """The (step, ms) pairs of a step log, in the order they were completed."""
+    with open(path) as f:
+        return [tuple(map(int, line.split())) for line in f if line.strip()]
+
+
+def pause_redone(steps):
+    """(pause_s, redone, step_s): the longest gap between two completed steps less the median
+    gap, the steps completed more than once, and the median gap."""
+    times = [t for _, t in steps]
+    gaps = [(b - a) / 1000.0 for a, b in zip(times, times[1:])]
+    if not gaps:
+        raise ValueError("a step log of fewer than two steps")
+    normal = statistics.median(gaps)
+    redone = len(steps) - len({s for s, _ in steps})
+    return max(gaps) - normal, redone, normal
+
+
+def stats(xs):
+    """Median, min and max, rounded to 4 places."""
+    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
+            "max": round(max(xs), 4)}
+
+
+def build_meta(repo, build):
+    """{"commit": ..., "build": ...}: the tree's commit now (with -dirty when it has
+    uncommitted changes) and the build directory's CMAKE_BUILD_TYPE."""
+    commit = "unknown"
+    try:
+        commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        if dirty:
+            commit += "-dirty"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    btype = "unknown"
+    try:
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    btype = line.split("=", 1)[1].strip() or "unknown"
+    except OSError:
+        pass
+    return {"commit": commit, "build": btype}
