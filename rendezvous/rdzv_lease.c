@@ -192,6 +192,14 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
         goto err;
     }
     st = watch_start(z);
+    if (st == RG_ETIMEDOUT || st == RG_EUNREACH || st == RG_EAGAIN) {
+        /* etcd answers but slowly (a loaded machine, a member being elected): as when a watch
+         * cannot be made again later, the state is read at every look (at least once a
+         * second) and each look tries to watch again (rdzv_watch_drain). */
+        rg_warn("rendezvous: cannot watch the job yet (%s); reading its state every second",
+                rg_last_error());
+        st = RG_OK;
+    }
     if (st != RG_OK) {
         goto err;
     }

@@ -8,9 +8,12 @@
 
 #include <regroup/rdzv.h>
 
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +212,150 @@ START_TEST(test_job_whose_agents_all_left_is_rejoined)
 }
 END_TEST
 
+/* ---- a loopback proxy to etcd that holds every watch: etcd answers, but no watch is ever
+ * confirmed (as on a loaded machine, or while a member is elected) ---------------------- */
+
+typedef struct {
+    int           lfd;
+    int           port;
+    int           target;          /* etcd's client port */
+    _Atomic bool  stop;
+    _Atomic int   held;            /* watch requests held */
+    pthread_t     thread;
+} proxy_t;
+
+typedef struct {
+    proxy_t *px;
+    int      fd;
+} proxy_conn_t;
+
+/* One connection: a watch is held unanswered (until the client goes or the proxy stops);
+ * anything else is passed both ways to etcd. Bounded: 120 s at most. */
+static void *proxy_conn(void *arg)
+{
+    proxy_conn_t *c = arg;
+    proxy_t *px = c->px;
+    char buf[16384];
+    int up = -1;
+    uint64_t until = rg_now_ns() + 120000000000ull;
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    ssize_t n = poll(&pf, 1, 5000) > 0 ? read(c->fd, buf, sizeof(buf)) : -1;
+    if (n > 0 && n >= 15 && memcmp(buf, "POST /v3/watch ", 15) == 0) {
+        px->held++;
+        while (!px->stop && rg_now_ns() < until && poll(&pf, 1, 100) >= 0) {
+            if ((pf.revents & POLLIN) && read(c->fd, buf, sizeof(buf)) <= 0) {
+                break;
+            }
+        }
+    } else if (n > 0) {
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->target),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        up = socket(AF_INET, SOCK_STREAM, 0);
+        bool ok = up >= 0 && connect(up, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+                  write(up, buf, (size_t)n) == n;
+        struct pollfd two[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+        while (ok && !px->stop && rg_now_ns() < until && poll(two, 2, 100) >= 0) {
+            for (int i = 0; i < 2 && ok; i++) {
+                if (two[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+                    ssize_t m = read(two[i].fd, buf, sizeof(buf));
+                    ok = m > 0 && write(two[1 - i].fd, buf, (size_t)m) == m;
+                }
+            }
+        }
+    }
+    if (up >= 0) {
+        close(up);
+    }
+    close(c->fd);
+    free(c);
+    return NULL;
+}
+
+static void *proxy_main(void *arg)
+{
+    proxy_t *px = arg;
+    while (!px->stop) {
+        struct pollfd pf = {.fd = px->lfd, .events = POLLIN};
+        if (poll(&pf, 1, 100) <= 0) {
+            continue;
+        }
+        int fd = accept(px->lfd, NULL, NULL);
+        proxy_conn_t *c = fd >= 0 ? malloc(sizeof(*c)) : NULL;
+        pthread_t t;
+        if (c == NULL) {
+            if (fd >= 0) {
+                close(fd);
+            }
+            continue;
+        }
+        *c = (proxy_conn_t){.px = px, .fd = fd};
+        if (pthread_create(&t, NULL, proxy_conn, c) == 0) {
+            pthread_detach(t);   /* each ends within its bound, or with this test process */
+        } else {
+            close(fd);
+            free(c);
+        }
+    }
+    return NULL;
+}
+
+static void proxy_start(proxy_t *px, const char *endpoint)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    const char *colon = strrchr(endpoint, ':');
+    ck_assert_ptr_nonnull(colon);
+    memset(px, 0, sizeof(*px));
+    px->target = atoi(colon + 1);
+    px->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(px->lfd, 0);
+    ck_assert_int_eq(bind(px->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(px->lfd, 64), 0);
+    ck_assert_int_eq(getsockname(px->lfd, (struct sockaddr *)&sa, &len), 0);
+    px->port = ntohs(sa.sin_port);
+    ck_assert_int_eq(pthread_create(&px->thread, NULL, proxy_main, px), 0);
+}
+
+static void proxy_stop(proxy_t *px)
+{
+    px->stop = true;
+    pthread_join(px->thread, NULL);
+    close(px->lfd);
+}
+
+/* etcd answers every request but confirms no watch: the handle is made all the same (the
+ * state is then read every second), and a job of one node forms its round. An agent exited
+ * 1 at the start of a chaos soak on a loaded machine without this. */
+START_TEST(test_create_when_no_watch_is_confirmed)
+{
+    proxy_t px;
+    char ep[64];
+    char job[64];
+    const char *first = etcd.srv.endpoints;
+    char target[128];
+    snprintf(target, sizeof(target), "%.*s", (int)strcspn(first, ","), first);
+    proxy_start(&px, target);
+    snprintf(ep, sizeof(ep), "http://127.0.0.1:%d", px.port);
+    snprintf(job, sizeof(job), "nowatch-%d", (int)getpid());
+    rg_rdzv_params_t p = {.etcd = {.endpoints = ep, .timeout_ms = 1500}, .job = job,
+                          .addr = "127.0.0.1", .nproc = 1, .min_nodes = 1, .max_nodes = 1,
+                          .lease_ttl_s = 5, .last_call_ms = 200, .join_timeout_ms = 30000,
+                          .max_restarts = 3};
+    rg_rdzv_t *z = NULL;
+    ck_assert_msg(rg_rdzv_create(&p, &z) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_ge(px.held, 1);
+    rg_rdzv_assignment_t *a = calloc(1, sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    ck_assert_msg(rg_rdzv_join(z, -1, a) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(a->world_size, 1);
+    ck_assert_int_eq(a->group_rank, 0);
+    ck_assert_int_eq(rg_rdzv_leave(z), RG_OK);
+    rg_rdzv_destroy(z);
+    free(a);
+    proxy_stop(&px);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -218,6 +365,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_two_handles_one_process);
     tcase_add_test(tc, test_job_whose_agents_all_left_is_rejoined);
     tcase_add_test(tc, test_round_opened_after_the_job_finished);
+    tcase_add_test(tc, test_create_when_no_watch_is_confirmed);
     suite_add_tcase(s, tc);
     return s;
 }
