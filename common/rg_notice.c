@@ -66,6 +66,42 @@ void rg_notice_host_destroy(rg_notice_host_t *h)
     }
 }
 
+rg_status_t rg_table_slots_create(int n, int *fds)
+{
+    if (n < 1 || n > RG_TABLE_SLOTS_MAX) {
+        return rg_error(RG_EINVAL, "node copies: %d local ranks", n);
+    }
+    for (int i = 0; i < n; i++) {
+        fds[i] = memfd_create("regroup-table", MFD_CLOEXEC);
+        if (fds[i] < 0) {
+            rg_status_t st = rg_error(RG_ESYS, "node copies: memfd_create: %s",
+                                      strerror(errno));
+            rg_table_slots_close(i, fds);
+            return st;
+        }
+    }
+    return RG_OK;
+}
+
+void rg_table_slots_reset(int n, const int *fds)
+{
+    for (int i = 0; i < n; i++) {
+        if (fds[i] >= 0 && ftruncate(fds[i], 0) != 0) {
+            rg_warn("node copy %d: ftruncate: %s", i, strerror(errno));
+        }
+    }
+}
+
+void rg_table_slots_close(int n, int *fds)
+{
+    for (int i = 0; i < n; i++) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+    }
+}
+
 void rg_notice_heartbeat(rg_notice_host_t *h)
 {
     if (h->page != NULL) {

@@ -36,6 +36,14 @@
  * that tells a replacement worker it is not in the round it was started in yet. */
 #define RG_NOTICE_PIPE_ENV   "REGROUP_AGENT_PIPE_FD"
 #define RG_NOTICE_JOIN_ENV   "REGROUP_INPLACE_JOIN"
+/* In an in-place job, the node copies of the workers' sharded tables (rg_train_table_t,
+ * train/train_table.c owns their format): one memfd per local rank, made empty by the agent
+ * and inherited by every worker of the node, named in local rank order by
+ * $REGROUP_TABLE_FDS ("fd,fd,..."), so that a rank finds a dead local rank's copy. The
+ * agent empties them whenever it starts all its workers afresh (a restart from disk: no copy
+ * of an earlier attempt is taken for the new one's), and closes them when it ends. */
+#define RG_TABLE_ENV         "REGROUP_TABLE_FDS"
+#define RG_TABLE_SLOTS_MAX   RG_NOTICE_MAX_LOCAL
 
 /* What the agent tells its workers. Also the public rg_notice_kind_t (<regroup/train.h>):
  * the values must stay equal. */
@@ -97,6 +105,12 @@ typedef struct {
  * heartbeat. RG_ESYS names the failing call. */
 rg_status_t rg_notice_host_create(rg_notice_host_t *h, int64_t lease_ttl_ms) RG_NODISCARD;
 void        rg_notice_host_destroy(rg_notice_host_t *h);    /* accepts a zeroed host */
+
+/* The node copies (RG_TABLE_ENV): n (1 .. RG_TABLE_SLOTS_MAX) empty memfds, close-on-exec,
+ * into fds; emptied (size 0) again; closed (each set to -1; accepts -1s). */
+rg_status_t rg_table_slots_create(int n, int *fds) RG_NODISCARD;
+void        rg_table_slots_reset(int n, const int *fds);
+void        rg_table_slots_close(int n, int *fds);
 /* Renews the heartbeat: now. */
 void        rg_notice_heartbeat(rg_notice_host_t *h);
 /* Posts a notice (kind RG_NOTICE_KIND_NONE clears the current one); deadline_ms is an

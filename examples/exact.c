@@ -27,9 +27,15 @@
  * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt (before
  * the step's allreduce; --kill-in-allreduce: once its part of that allreduce is posted and
  * progressed once); --kill-again STEP2 makes rank R of the second attempt (restart count 1)
- * do the same at STEP2. Every rank says "rank R: pid P started (joining J)" and, at the end,
- * "rank R: pid P finished". --step-log FILE makes rank 0 append "STEP MS" for every step it
+ * do the same at STEP2; --kill-rank2 R2 makes rank R2 die with rank R. Every rank says
+ * "rank R: pid P started (joining J)" and, at the end, "rank R: pid P finished". --step-log FILE makes rank 0 append "STEP MS" for every step it
  * completes (MS: CLOCK_REALTIME milliseconds), for bench/rg-bench-recovery.sh.
+ * --table-rows N adds a sharded part to the state: a table of N 64-bit rows, each owned by
+ * exactly one rank at a time (rg_train_table_t), which its owner updates at every step from
+ * the step's sum and number (row k = row k * A + sum[k % dim] + step, mod 2^64), commits at
+ * every step (its copies at its buddy and on its node) and saves in checkpoints; in place the
+ * regroup moves it to its new owners. Rank 0 gathers it at the end and checks it too
+ * ("table=1", part of exact=1).
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
  * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
@@ -62,9 +68,11 @@ typedef struct {
     int64_t     work;
     int64_t     kill_at;
     int64_t     kill_rank;
+    int64_t     kill_rank2;   /* a second rank killed with kill_rank, or -1 */
     int64_t     kill_again;
     bool        kill_in_allreduce;
     int64_t     pad_kb;
+    int64_t     table_rows;   /* the sharded table's rows; 0: none */
     int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
     const char *trainer_ckpt; /* the trainer's checkpoint root */
     const char *trace;
@@ -120,7 +128,8 @@ static int usage(const char *why)
 static int parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
-                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1};
+                     .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1,
+                     .kill_rank2 = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--expect") == 0) {
@@ -162,6 +171,10 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->kill_again;
         } else if (strcmp(a, "--kill-rank") == 0) {
             dst = &o->kill_rank, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--kill-rank2") == 0) {
+            dst = &o->kill_rank2, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--table-rows") == 0) {
+            dst = &o->table_rows, lo = 0, hi = 1 << 24;
         } else if (strcmp(a, "--pad-kb") == 0) {
             dst = &o->pad_kb, lo = 0, hi = 1 << 20;
         } else if (strcmp(a, "--trace") == 0) {
@@ -199,6 +212,110 @@ static void expected(const options_t *o, int64_t epochs, int64_t *want)
             }
         }
     }
+}
+
+#define TABLE_MUL 6364136223846793005ull
+#define TABLE_TAG 7u
+
+/* One step's update of the table's rows [first, first + count) from the step's sums. */
+static void table_step(uint64_t *rows, uint64_t first, uint64_t count, const int64_t *sum,
+                       int64_t dim, int64_t done)
+{
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t k = first + i;
+        rows[i] = rows[i] * TABLE_MUL + (uint64_t)sum[k % (uint64_t)dim] + (uint64_t)done;
+    }
+}
+
+/* The table after `epochs` epochs, computed directly: every step's global batch (the
+ * sampler's share of rank 0 in a world of 1). */
+static rg_status_t expected_table(const options_t *o, int64_t epochs, uint64_t *want)
+{
+    rg_sampler_params_t sp = {.num_samples = (uint64_t)o->samples,
+                              .batch_size = (uint32_t)o->batch, .drop_last = false};
+    rg_sampler_t *sampler;
+    uint32_t *ids = malloc(sizeof(uint32_t) * (size_t)o->batch);
+    int64_t sum[EXACT_MAX_DIM];
+    if (ids == NULL) {
+        return rg_error(RG_ENOMEM, "ids");
+    }
+    rg_status_t st = rg_sampler_create(&sp, &sampler);
+    if (st != RG_OK) {
+        free(ids);
+        return st;
+    }
+    uint64_t per_epoch = rg_sampler_steps_per_epoch(sampler);
+    rg_data_cursor_t cur = rg_data_cursor_start((uint64_t)o->seed);
+    memset(want, 0, sizeof(uint64_t) * (size_t)o->table_rows);
+    while (st == RG_OK && (int64_t)cur.epoch < epochs) {
+        size_t n = 0;
+        st = rg_sampler_ids(sampler, &cur, 0, 1, ids, (size_t)o->batch, &n);
+        memset(sum, 0, sizeof(int64_t) * (size_t)o->dim);
+        for (size_t i = 0; st == RG_OK && i < n; i++) {
+            for (int64_t k = 0; k < o->dim; k++) {
+                sum[k] += contribution(o, cur.epoch, ids[i], (uint64_t)k);
+            }
+        }
+        rg_sampler_advance(sampler, &cur);
+        table_step(want, 0, (uint64_t)o->table_rows, sum, o->dim,
+                   (int64_t)(cur.epoch * per_epoch + cur.step));
+    }
+    rg_sampler_destroy(sampler);
+    free(ids);
+    return st;
+}
+
+/* Rank 0: whether the table every rank holds a part of equals the one computed directly
+ * (collective: the others send their rows). */
+static rg_status_t check_table(rg_train_ctx_t *ctx, const options_t *o, int64_t epochs,
+                               rg_train_table_t *table, bool *ok)
+{
+    rg_comm_t *comm = rg_train_comm(ctx);
+    int rank = rg_train_rank(ctx);
+    int world = rg_train_world_size(ctx);
+    uint64_t first;
+    uint64_t count;
+    uint64_t *rows = rg_train_table_rows(table, &first, &count);
+    rg_status_t st = RG_OK;
+
+    *ok = true;
+    if (rank != 0) {
+        return count > 0 ? rg_comm_send(comm, rows, count * 8, RG_DTYPE_U8, 0, TABLE_TAG, NULL)
+                         : RG_OK;
+    }
+    size_t n = (size_t)o->table_rows;
+    uint64_t *all = malloc(n * sizeof(uint64_t));
+    uint64_t *want = malloc(n * sizeof(uint64_t));
+    if (all == NULL || want == NULL) {
+        free(all);
+        free(want);
+        return rg_error(RG_ENOMEM, "table check");
+    }
+    memcpy(all + first, rows, count * sizeof(uint64_t));
+    for (int r = 1; r < world && st == RG_OK; r++) {
+        uint32_t f;
+        uint32_t c;
+        rg_sampler_share((uint32_t)n, (uint32_t)r, (uint32_t)world, &f, &c);
+        if (c > 0) {
+            st = rg_comm_recv(comm, all + f, (size_t)c * 8, RG_DTYPE_U8, r, TABLE_TAG, NULL);
+        }
+    }
+    if (st == RG_OK) {
+        st = expected_table(o, epochs, want);
+    }
+    if (st == RG_OK) {
+        *ok = memcmp(all, want, n * sizeof(uint64_t)) == 0;
+        for (size_t k = 0; k < n && !*ok; k++) {
+            if (all[k] != want[k]) {
+                fprintf(stderr, "table row %zu: %016llx, expected %016llx\n", k,
+                        (unsigned long long)all[k], (unsigned long long)want[k]);
+                break;
+            }
+        }
+    }
+    free(all);
+    free(want);
+    return st;
 }
 
 /* After rg_report's RG_EMEMBERS: a preemption is the last checkpoint of the step every rank
@@ -256,10 +373,12 @@ static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row
 /* In place: every member brings its state (the vector after `step` steps, and the cursor)
  * into the next round; they go on from the state the members agreed on. */
 static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
-                           rg_data_cursor_t *cur, int64_t step, const char *why)
+                           rg_train_table_t *table, rg_data_cursor_t *cur, int64_t step,
+                           const char *why)
 {
     rg_train_buf_t buf = {.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
-    rg_train_regroup_t rs = {.step = step, .bufs = &buf, .n_bufs = 1, .cursor = *cur};
+    rg_train_regroup_t rs = {.step = step, .bufs = &buf, .n_bufs = 1, .cursor = *cur,
+                             .table = table};
     rg_status_t st = rg_train_regroup(ctx, &rs);
     if (st != RG_OK) {
         return st;
@@ -300,6 +419,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     uint8_t *pad = NULL;
     uint32_t pad0 = 0;
     uint32_t pad_rows = 0;
+    rg_train_table_t *table = NULL;
     rg_status_t st;
 
     rg_sampler_params_t sp = {.num_samples = (uint64_t)o->samples,
@@ -316,13 +436,19 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     }
     uint64_t per_epoch = rg_sampler_steps_per_epoch(sampler);
     rg_data_cursor_t cur = rg_data_cursor_start((uint64_t)o->seed);
+    if (o->table_rows > 0) {
+        st = rg_train_table_create(ctx, (uint64_t)o->table_rows, sizeof(uint64_t), &table);
+        if (st != RG_OK) {
+            goto out;
+        }
+    }
 
     /* This rank's rows of the state, for checkpoints and resharding. */
     uint32_t row0;
     uint32_t rows;
     if (rg_train_joining(ctx)) {
         /* A replacement in an in-place job: the state comes from a survivor. */
-        st = regroup(ctx, o, state, &cur, 0, "a replacement joined");
+        st = regroup(ctx, o, state, table, &cur, 0, "a replacement joined");
         if (st != RG_OK) {
             goto out;
         }
@@ -334,20 +460,29 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     if (st != RG_OK) {
         goto out;
     }
-    if (cur.epoch == 0 && cur.step == 0 && rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
-        rg_ckpt_request_t rq[2] = {
+    bool fresh = cur.epoch == 0 && cur.step == 0;
+    if (fresh && rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
+        uint64_t t0 = 0;
+        uint64_t tn = 0;
+        void *trows = rg_train_table_rows(table, &t0, &tn);
+        rg_ckpt_request_t rq[3] = {
             {.name = "state", .dtype = RG_DTYPE_I64, .row_begin = row0, .row_count = rows,
              .dst = state + row0, .dst_bytes = rows * sizeof(int64_t)},
             {.name = "pad", .dtype = RG_DTYPE_U8, .row_begin = pad0, .row_count = pad_rows,
              .dst = pad, .dst_bytes = pad_rows},
+            {.name = "table", .dtype = RG_DTYPE_I64, .row_begin = t0, .row_count = tn,
+             .dst = trows, .dst_bytes = tn * sizeof(uint64_t)},
         };
         size_t nrq = 0;
-        rg_ckpt_request_t use[2];
+        rg_ckpt_request_t use[3];
         if (rows > 0) {
             use[nrq++] = rq[0];
         }
         if (pad_rows > 0) {
             use[nrq++] = rq[1];
+        }
+        if (tn > 0) {
+            use[nrq++] = rq[2];
         }
         st = rg_train_restore(ctx, ckpt_step, nrq ? use : NULL, nrq, &cur, &ckpt_step);
         if (st != RG_OK) {
@@ -367,6 +502,23 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (rank == 0) {
             printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
+        }
+    }
+    if (table != NULL && fresh) {
+        /* The copies of the rows this attempt starts from. */
+        int64_t at = (int64_t)(cur.epoch * per_epoch + cur.step);
+        st = rg_train_table_commit(ctx, table, at);
+        if (regroup_on(ctx, st)) {
+            st = regroup(ctx, o, state, table, &cur, at, "a peer failed");
+            if (st == RG_OK) {
+                rank = rg_train_rank(ctx);
+                world = rg_train_world_size(ctx);
+                comm = rg_train_comm(ctx);
+                st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
+            }
+        }
+        if (st != RG_OK) {
+            goto out;
         }
     }
     bool regrouped = true;   /* (re)open the trace, for this rank and round */
@@ -402,7 +554,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
                 break;
             }
         }
-        bool kill_now = o->kill_rank == rank &&
+        bool kill_now = (o->kill_rank == rank || o->kill_rank2 == rank) &&
                         ((o->kill_at == gstep && rg_train_restart_count(ctx) == 0) ||
                          (o->kill_again == gstep && rg_train_restart_count(ctx) == 1));
         if (kill_now && !o->kill_in_allreduce) {
@@ -456,11 +608,30 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         rg_sampler_advance(sampler, &cur);
         int64_t done = (int64_t)(cur.epoch * per_epoch + cur.step);
+        uint64_t t0 = 0;
+        uint64_t tn = 0;
+        uint64_t *trows = rg_train_table_rows(table, &t0, &tn);
+        if (table != NULL) {
+            table_step(trows, t0, tn, local, o->dim, done);
+            st = rg_train_table_commit(ctx, table, done);
+            if (regroup_on(ctx, st)) {
+                st = regroup(ctx, o, state, table, &cur, done, "a peer failed");
+                goto regrouped;
+            }
+            if (st != RG_OK) {
+                goto out;
+            }
+        }
         rg_metric_t m[1] = {{"state_digest_low", (double)(digest(state, o->dim) & 0xffff)}};
         rg_report_t rep = {.step = done, .epoch = (int64_t)cur.epoch, .metrics = m,
                            .n_metrics = 1};
-        rg_ckpt_tensor_t t[2];
+        rg_ckpt_tensor_t t[3];
         size_t nt = 0;
+        if (tn > 0) {
+            t[nt++] = (rg_ckpt_tensor_t){.name = "table", .dtype = RG_DTYPE_I64, .ndim = 1,
+                                         .shape = {(uint64_t)o->table_rows}, .row_begin = t0,
+                                         .row_count = tn, .data = trows};
+        }
         if (rows > 0) {
             t[nt++] = (rg_ckpt_tensor_t){.name = "state", .dtype = RG_DTYPE_I64, .ndim = 1,
                                          .shape = {(uint64_t)o->dim}, .row_begin = row0,
@@ -480,7 +651,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (regroup_on(ctx, st)) {
             /* The step is done here: the state holds `done` steps. */
-            st = regroup(ctx, o, state, &cur, done,
+            st = regroup(ctx, o, state, table, &cur, done,
                          st == RG_EMEMBERS ? "the membership changes" : "a peer failed");
             goto regrouped;
         }
@@ -500,7 +671,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         continue;
     regroup_before:
         /* The step failed before its update: the state holds gstep steps. */
-        st = regroup(ctx, o, state, &cur, gstep, "a peer failed");
+        st = regroup(ctx, o, state, table, &cur, gstep, "a peer failed");
     regrouped:
         if (st != RG_OK) {
             goto out;
@@ -514,6 +685,13 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         regrouped = true;
     }
+    bool table_ok = true;
+    if (table != NULL) {
+        st = check_table(ctx, o, epochs, table, &table_ok);   /* collective */
+        if (st != RG_OK) {
+            goto out;
+        }
+    }
     if (rank == 0) {
         int64_t *want = malloc(sizeof(int64_t) * (size_t)o->dim);
         if (want == NULL) {
@@ -521,7 +699,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             goto out;
         }
         expected(o, epochs, want);
-        bool ok = memcmp(want, state, sizeof(int64_t) * (size_t)o->dim) == 0;
+        if (table != NULL) {
+            printf("table=%d rows=%lld\n", table_ok ? 1 : 0, (long long)o->table_rows);
+        }
+        bool ok = table_ok && memcmp(want, state, sizeof(int64_t) * (size_t)o->dim) == 0;
         printf("exact=%d digest=%016llx expected=%016llx steps=%llu epochs=%lld world=%d\n",
                ok ? 1 : 0, (unsigned long long)digest(state, o->dim),
                (unsigned long long)digest(want, o->dim),
@@ -534,6 +715,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     }
     fprintf(stderr, "rank %d: pid %d finished\n", rank, (int)getpid());
 out:
+    rg_train_table_destroy(table);
     free(pad);
     if (trace != NULL) {
         fclose(trace);

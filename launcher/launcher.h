@@ -289,6 +289,10 @@ typedef struct {
     int                         pipe_fd;      /* in place: the write end of the agent's pipe,
                                                  $REGROUP_AGENT_PIPE_FD; -1: none */
     bool                        join;         /* a replacement: $REGROUP_INPLACE_JOIN=1 */
+    const int                  *table_fds;    /* in place: the node copies, one per local
+                                                 rank, inherited by each worker
+                                                 ($REGROUP_TABLE_FDS, rg_notice.h); NULL */
+    int                         n_table_fds;
 } launcher_spawn_t;
 
 /* Hang detection (launcher_hang.c): the tick the agent needs to find a hang in time, and
@@ -341,6 +345,9 @@ typedef struct {
     bool  restart_asked;                    /* a worker said in-place recovery failed */
     bool  ready_seen;                       /* a replacement became ready */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
+    int   table_fd[LAUNCHER_MAX_NPROC];     /* the node copies of the workers' sharded
+                                               tables (RG_TABLE_ENV), one per local rank */
+    int   n_table;
 } launcher_inplace_t;
 
 rg_status_t launcher_inplace_open(launcher_inplace_t *ip, const rg_agent_params_t *cfg);

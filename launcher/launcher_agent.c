@@ -219,7 +219,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                            .local_addr = ag->local_addr, .log_dir = ag->log_dir,
                            .notice_fd = ag->notice.fd, .beat_fd = ag->beat.fd,
                            .agent = rg_rdzv_agent_id(ag->rdzv),
-                           .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w};
+                           .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w,
+                           .table_fds = ag->ip.table_fd, .n_table_fds = ag->ip.n_table};
     rg_status_t st;
 
     launcher_leave_t lv;
@@ -430,6 +431,7 @@ static launcher_inplace_end_t join_as_newcomers(agent_t *ag, const rg_rdzv_assig
                            .notice_fd = ag->notice.fd, .beat_fd = ag->beat.fd,
                            .agent = rg_rdzv_agent_id(ag->rdzv),
                            .lease = rg_rdzv_lease_id(ag->rdzv), .pipe_fd = ag->ip.pipe_w,
+                           .table_fds = ag->ip.table_fd, .n_table_fds = ag->ip.n_table,
                            .join = true};
     launcher_inplace_env_t e = {.cfg = ag->cfg, .rdzv = ag->rdzv, .sigfd = ag->sigfd,
                                 .ws = &ag->ws, .notice = &ag->notice, .ip = &ag->ip,

@@ -108,6 +108,12 @@ rg_status_t launcher_inplace_open(launcher_inplace_t *ip, const rg_agent_params_
     }
     ip->pipe_r = fds[0];
     ip->pipe_w = fds[1];
+    rg_status_t st = rg_table_slots_create(cfg->nproc, ip->table_fd);
+    if (st != RG_OK) {
+        launcher_inplace_close(ip);
+        return st;
+    }
+    ip->n_table = cfg->nproc;
     return RG_OK;
 }
 
@@ -120,6 +126,8 @@ void launcher_inplace_close(launcher_inplace_t *ip)
         close(ip->pipe_w);
     }
     ip->pipe_r = ip->pipe_w = -1;
+    rg_table_slots_close(ip->n_table, ip->table_fd);
+    ip->n_table = 0;
 }
 
 void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)

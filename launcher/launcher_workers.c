@@ -120,6 +120,15 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     if (sp->beat_fd >= 0) {
         env_add(e, RG_BEAT_ENV, "%d", sp->beat_fd);
     }
+    if (sp->n_table_fds > 0) {
+        char list[RG_TABLE_SLOTS_MAX * 12];
+        size_t o = 0;
+        for (int i = 0; i < sp->n_table_fds && i < RG_TABLE_SLOTS_MAX; i++) {
+            o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%d", i ? "," : "",
+                                  sp->table_fds[i]);
+        }
+        env_add(e, RG_TABLE_ENV, "%s", list);
+    }
     if (sp->agent != NULL && sp->lease != 0) {
         env_add(e, "REGROUP_AGENT_ID", "%s", sp->agent);
         env_add(e, "REGROUP_AGENT_LEASE", "%lld", (long long)sp->lease);
@@ -177,7 +186,7 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
  * goes to the agent through exec_w (close-on-exec, so a successful exec closes it). */
 static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_w, pid_t agent,
                        const sigset_t *child_mask, const cpu_set_t *cpus, int notice_fd,
-                       int beat_fd, int pipe_fd)
+                       int beat_fd, int pipe_fd, const int *table_fds, int n_table_fds)
 {
     int e;
 
@@ -204,6 +213,9 @@ static void child_exec(char **args, char **envp, int out_w, int err_w, int exec_
     }
     if (pipe_fd >= 0) {
         fcntl(pipe_fd, F_SETFD, 0);
+    }
+    for (int i = 0; i < n_table_fds; i++) {
+        fcntl(table_fds[i], F_SETFD, 0);
     }
     execvpe(args[0], args, envp);
     e = errno;
@@ -316,6 +328,8 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
     worker_args(cfg, args);
     ws->n = 0;
     ws->running = 0;
+    /* Every worker starts afresh: no node copy of an earlier attempt is theirs. */
+    rg_table_slots_reset(sp->n_table_fds, sp->table_fds);
     cpu_set_t *sets = NULL;
     if (cfg->numa != RG_AGENT_NUMA_NONE) {
         sets = calloc((size_t)cfg->nproc, sizeof(*sets));
@@ -392,7 +406,8 @@ static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
     w->pid = fork();
     if (w->pid == 0) {
         child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
-                   w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd, sp->pipe_fd);
+                   w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd, sp->pipe_fd,
+                   sp->table_fds, sp->n_table_fds);
     }
     env_free(&env);
     if (w->pid < 0) {

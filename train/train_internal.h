@@ -60,6 +60,7 @@ struct rg_train_ctx {
         bool            doomed;
     } retired[TRAIN_RETIRED_MAX];
     int              n_retired;
+    bool             table_made;     /* rg_train_table_create was called (one per worker) */
 };
 
 /* Waits for the checkpoint in flight until deadline and releases it: its result. With a
@@ -77,5 +78,27 @@ rg_status_t train_ckpt_open(rg_train_ctx_t *ctx) RG_NODISCARD;
  * with wait_ms > 0, waits up to that long for the others first, then abandons them to the
  * process's exit (their threads keep their memory). */
 void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms);
+
+/* train_table.c: the sharded table's part of a regroup (in the new group, on every member).
+ * find: the members say what rows they hold (an allgather); *step_p gets the newest of
+ * steps[] (each member's replicated step) at which every row is held (RG_ENOENT: none), and
+ * *view_p what is needed to move them. move: the rows of this rank's new layout into the
+ * view (tagged sends and receives); *moved_p rows of them were not this rank's live rows:
+ * *from_buddy_p came from a buddy copy, *from_node_p from a node copy, the rest from other
+ * members' live rows. adopt: the moved rows become the table's (with
+ * the replicated state: no failure between). settle: frees the view, then a barrier (no
+ * member reads a node copy any more) and the commit of the new layout at the view's step. */
+typedef struct train_table_view train_table_view_t;
+rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int64_t *steps,
+                             int64_t my_step, int64_t *step_p, train_table_view_t **view_p)
+    RG_NODISCARD;
+rg_status_t train_table_move(rg_train_ctx_t *ctx, rg_train_table_t *t, train_table_view_t *v,
+                             size_t *moved_p, size_t *from_buddy_p, size_t *from_node_p)
+    RG_NODISCARD;
+void        train_table_adopt(rg_train_ctx_t *ctx, rg_train_table_t *t,
+                              train_table_view_t *v);
+rg_status_t train_table_settle(rg_train_ctx_t *ctx, rg_train_table_t *t,
+                               train_table_view_t *v) RG_NODISCARD;
+void        train_table_view_free(train_table_view_t *v);   /* accepts NULL */
 
 #endif

@@ -178,13 +178,22 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
     return RG_OK;
 }
 
-/* Step 4: agree on the newest state and bring every member to it. */
+/* Step 4: agree on the newest state and bring every member to it. With a sharded table, the
+ * newest step at which its rows are all held too; each member takes the replicated state and
+ * its rows of the table together, once both arrived (one consistent state, or none). */
 static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int64_t *my_step,
                                rg_data_cursor_t *my_cursor)
 {
     int world = ctx->world;
     int64_t *steps = calloc((size_t)world, sizeof(*steps));
+    train_table_view_t *view = NULL;
+    unsigned char *scratch = NULL;
+    size_t moved = 0;
+    size_t from_buddy = 0;
+    size_t from_node = 0;
     size_t total = 0;
+    int64_t best = -1;
+    int source = -1;
     rg_status_t st;
 
     if (steps == NULL) {
@@ -195,19 +204,20 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     }
     steps[ctx->rank] = *my_step;
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, steps, 1, RG_DTYPE_I64, NULL);
-    if (st != RG_OK) {
-        free(steps);
-        return st;
-    }
-    int64_t best = -1;
-    int source = -1;
-    for (int r = 0; r < world; r++) {
-        if (steps[r] > best) {
-            best = steps[r];
-            source = r;
+    if (st == RG_OK && rs->table != NULL) {
+        st = train_table_find(ctx, rs->table, steps, *my_step, &best, &view);
+    } else if (st == RG_OK) {
+        for (int r = 0; r < world; r++) {
+            best = RG_MAX(best, steps[r]);
         }
     }
+    for (int r = 0; st == RG_OK && r < world && source < 0; r++) {
+        source = steps[r] == best && best >= 0 ? r : -1;
+    }
     free(steps);
+    if (st != RG_OK) {
+        return st;
+    }
     if (source < 0) {
         return rg_error(RG_ENOENT, "regroup: no member of round %d holds a state (every one "
                         "is a replacement)", ctx->round);
@@ -215,24 +225,23 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     int64_t hdr[HDR_WORDS] = {(int64_t)rs->n_bufs, (int64_t)total, (int64_t)my_cursor->seed,
                               (int64_t)my_cursor->epoch, (int64_t)my_cursor->step};
     st = rg_comm_broadcast(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, source, NULL);
-    if (st != RG_OK) {
-        return st;
-    }
     int64_t ok = hdr[0] == (int64_t)rs->n_bufs && hdr[1] == (int64_t)total ? 1 : 0;
-    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN, NULL);
-    if (st != RG_OK) {
-        return st;
+    if (st == RG_OK) {
+        st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN,
+                               NULL);
     }
-    if (!ok) {
-        return rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
-                        "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
+    if (st == RG_OK && !ok) {
+        st = rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
+                      "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
+    }
+    if (st == RG_OK && view != NULL) {
+        st = train_table_move(ctx, rs->table, view, &moved, &from_buddy, &from_node);
     }
     bool is_source = ctx->rank == source;
-    unsigned char *scratch = NULL;
-    if (!is_source && total > 0) {
+    if (st == RG_OK && !is_source && total > 0) {
         scratch = malloc(total);
         if (scratch == NULL) {
-            return rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
+            st = rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
         }
     }
     size_t off = 0;
@@ -245,7 +254,10 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         off += rs->bufs[i].bytes;
     }
     if (st != RG_OK) {
-        free(scratch);   /* the group is unusable: UCX writes no more (comm.h) once destroyed */
+        /* The group is unusable: UCX writes no more (comm.h) once destroyed. This member's
+         * state stays as it was. */
+        free(scratch);
+        train_table_view_free(view);
         return st;
     }
     if (!is_source) {
@@ -255,9 +267,19 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
             off += rs->bufs[i].bytes;
         }
         free(scratch);
-        *my_step = best;
         *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[2], .epoch = (uint64_t)hdr[3],
                                         .step = (uint64_t)hdr[4]};
+    }
+    *my_step = best;
+    if (view != NULL) {
+        train_table_adopt(ctx, rs->table, view);
+        rg_info("regroup: the sharded table at step %lld: of this rank's rows, %zu came from "
+                "buddy copies, %zu from node copies, %zu from other members' live rows",
+                (long long)best, from_buddy, from_node, moved - from_buddy - from_node);
+        st = train_table_settle(ctx, rs->table, view);
+        if (st != RG_OK) {
+            return st;
+        }
     }
     rs->received = !is_source;
     rs->source = source;

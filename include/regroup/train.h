@@ -238,12 +238,61 @@ typedef struct {
     size_t bytes;
 } rg_train_buf_t;
 
+/*
+ * The sharded state of an in-place job: a table of n_rows rows of row_bytes bytes each, split
+ * by rows across the ranks as rg_sampler_share splits (rank r of W owns the rows from
+ * r * (n_rows / W) + min(r, n_rows % W) on, n_rows / W of them and one more while r <
+ * n_rows % W). Exactly one rank holds each row's live bytes (an optimizer's shard, a slice of
+ * an embedding). So that a lost rank loses none, rg_train_table_commit keeps two copies of
+ * each rank's rows at the step committed: one in the memory of its buddy, a rank on another
+ * node (the rank at the largest node's size further on in the ranks' order by node; on one
+ * node, or when one node holds more than half the ranks, a rank of the same node), and one
+ * in a shared-memory segment that the rank's agent owns (a memfd, inherited by the node's
+ * workers: it has no name in /dev/shm and is gone with the agent and its workers). Memory: a
+ * rank holds its live rows, its buddy's copy (about as many rows) and its node copy, so each
+ * row is held at most three times in all; during rg_train_regroup, one more transient buffer
+ * of the rank's new rows.
+ *
+ * rg_train_regroup (given the table) finds every row at one step, from any member (its live
+ * rows, a buddy copy, a node copy of a local rank, living or not) and moves it to its owner
+ * in the new round, then commits the new layout. Rows that no member holds at the step
+ * agreed on (their owner and its buddy lost, and its node copy with its node) make the
+ * regroup fail: the job restarts from its last disk checkpoint, which should hold the table
+ * too (save each rank's rows as the rows of a checkpoint tensor). The live rows must be
+ * those of the step given to rg_train_regroup (rs->step): commit them at every step, after
+ * the step's update, so that a regroup finds them all at the step every member reached.
+ */
+typedef struct rg_train_table rg_train_table_t;
+
+/* Not collective. A table of n_rows (1 .. 2^32 - 1) rows of row_bytes (1 .. 2^30) bytes,
+ * this rank's rows zeroed, laid out for the context's rank and world, with this worker's node
+ * copy (under `regroup --recovery=in-place`; none otherwise). RG_EINVAL, RG_ENOMEM. */
+rg_status_t rg_train_table_create(rg_train_ctx_t *ctx, uint64_t n_rows, size_t row_bytes,
+                                  rg_train_table_t **table_p) RG_TRAIN_NODISCARD;
+void        rg_train_table_destroy(rg_train_table_t *table);
+/* This rank's live rows: *first_p and *count_p (may be NULL) get which; count * row_bytes
+ * bytes the program reads and writes between regroups (NULL when it owns none). */
+void       *rg_train_table_rows(rg_train_table_t *table, uint64_t *first_p, uint64_t *count_p);
+uint64_t    rg_train_table_n_rows(const rg_train_table_t *table);
+size_t      rg_train_table_row_bytes(const rg_train_table_t *table);
+
+/* Collective, at the same step on every rank. Keeps this rank's live rows as those of `step`
+ * in its buddy's memory and in its node copy: one send and one receive of about a shard,
+ * and a memory copy; no etcd. A member that fails during it leaves the copies it was
+ * writing invalid (never torn: each is marked valid only once whole). Returns the group's
+ * errors (RG_EPEER, RG_ETIMEDOUT: then regroup), RG_EINVAL (step < 0, a table of another
+ * layout than the context's), RG_ENOMEM. */
+rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *table, int64_t step)
+    RG_TRAIN_NODISCARD;
+
 typedef struct {
     /* in (a replacement's are ignored; its buffers get the state) */
     int64_t          step;       /* the steps this rank's state holds (completed), >= 0 */
     rg_train_buf_t  *bufs;       /* the replicated state: overwritten with the source's */
     size_t           n_bufs;     /* same count and sizes on every rank */
     rg_data_cursor_t cursor;     /* where the data stream goes on from that state */
+    rg_train_table_t *table;     /* the sharded state, or NULL: re-laid out for the new rank
+                                    and world, holding step_out's rows, and committed */
     /* out */
     int              rank;       /* in the new round */
     int              world;
@@ -265,9 +314,10 @@ typedef struct {
  * exchange their steps, the newest wins (a survivor that finished the failed step's
  * allreduce holds a valid newer state; the lowest rank holding it is the source) and it is
  * broadcast over the group to every member, with its data cursor (the cursor is global: its
- * shards follow from the new rank and world size). Then a new checkpointer for the new rank
- * and world. Sharded state (a slice only one rank holds) is not carried: keep the state
- * replicated, or use restart mode.
+ * shards follow from the new rank and world size). The sharded table (rs->table) is found
+ * at the same step and moved to its new owners (rg_train_table_t); the step agreed on is then
+ * the newest at which some member holds the replicated state and every row is held. Then a
+ * new checkpointer for the new rank and world.
  *
  * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
  * max(3 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes

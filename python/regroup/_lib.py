@@ -69,7 +69,8 @@ class TrainBuf(ctypes.Structure):
 
 class TrainRegroup(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("bufs", ctypes.POINTER(TrainBuf)),
-                ("n_bufs", ctypes.c_size_t), ("cursor", DataCursor), ("rank", ctypes.c_int),
+                ("n_bufs", ctypes.c_size_t), ("cursor", DataCursor),
+                ("table", ctypes.c_void_p), ("rank", ctypes.c_int),
                 ("world", ctypes.c_int), ("round", ctypes.c_int),
                 ("step_out", ctypes.c_int64), ("source", ctypes.c_int),
                 ("received", ctypes.c_bool)]
