@@ -130,7 +130,7 @@ void chaos_agent_start(chaos_t *c)
                       "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120", rec};
     char *exact[] = {(char *)opt->exact, "--epochs", "1000000", "--stop-file",
                      c->run.stop_file, "--pad-kb", "4096", "--ckpt-every", "4", "--work",
-                     "20000", "--dim", "64", NULL};
+                     "20000", "--dim", "64", "--table-rows", "4096", NULL};
     char *fmnist[] = {(char *)opt->fmnist, "--epochs", "1000", "--stop-file", c->run.stop_file,
                       "--schedule", "constant", "--ckpt-every", "20", "--log-every", "500",
                       NULL};

@@ -33,7 +33,8 @@
  * --table-rows N adds a sharded part to the state: a table of N 64-bit rows, each owned by
  * exactly one rank at a time (rg_train_table_t), which its owner updates at every step from
  * the step's sum and number (row k = row k * A + sum[k % dim] + step, mod 2^64), commits at
- * every step (its copies at its buddy and on its node) and saves in checkpoints; in place the
+ * every step before it adds the step to the state vector (its copies at its buddy and on its
+ * node; a failed commit leaves the step undone) and saves in checkpoints; in place the
  * regroup moves it to its new owners. Rank 0 gathers it at the end and checks it too
  * ("table=1", part of exact=1).
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
@@ -446,7 +447,8 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     /* This rank's rows of the state, for checkpoints and resharding. */
     uint32_t row0;
     uint32_t rows;
-    if (rg_train_joining(ctx)) {
+    bool joined = rg_train_joining(ctx);
+    if (joined) {
         /* A replacement in an in-place job: the state comes from a survivor. */
         st = regroup(ctx, o, state, table, &cur, 0, "a replacement joined");
         if (st != RG_OK) {
@@ -460,7 +462,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     if (st != RG_OK) {
         goto out;
     }
-    bool fresh = cur.epoch == 0 && cur.step == 0;
+    bool fresh = !joined && cur.epoch == 0 && cur.step == 0;   /* (no state received) */
     if (fresh && rg_get_checkpoint(ctx, &ckpt_step) == RG_OK) {
         uint64_t t0 = 0;
         uint64_t tn = 0;
@@ -603,25 +605,28 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         if (st != RG_OK) {
             goto out;
         }
-        for (int64_t k = 0; k < o->dim; k++) {
-            state[k] += local[k];
-        }
-        rg_sampler_advance(sampler, &cur);
-        int64_t done = (int64_t)(cur.epoch * per_epoch + cur.step);
+        rg_data_cursor_t next = cur;
+        rg_sampler_advance(sampler, &next);
+        int64_t done = (int64_t)(next.epoch * per_epoch + next.step);
         uint64_t t0 = 0;
         uint64_t tn = 0;
         uint64_t *trows = rg_train_table_rows(table, &t0, &tn);
         if (table != NULL) {
+            /* The table's rows first: the step counts once they are committed (the
+             * replicated state follows only then; a failed commit leaves it at gstep). */
             table_step(trows, t0, tn, local, o->dim, done);
             st = rg_train_table_commit(ctx, table, done);
             if (regroup_on(ctx, st)) {
-                st = regroup(ctx, o, state, table, &cur, done, "a peer failed");
-                goto regrouped;
+                goto regroup_before;
             }
             if (st != RG_OK) {
                 goto out;
             }
         }
+        for (int64_t k = 0; k < o->dim; k++) {
+            state[k] += local[k];
+        }
+        cur = next;
         rg_metric_t m[1] = {{"state_digest_low", (double)(digest(state, o->dim) & 0xffff)}};
         rg_report_t rep = {.step = done, .epoch = (int64_t)cur.epoch, .metrics = m,
                            .n_metrics = 1};

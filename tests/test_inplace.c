@@ -106,8 +106,9 @@ static void run_one_node(const char *name, int world, char *const *extra, int n_
 {
     char np[32];
     char *argv[32] = {REGROUP_BIN, "--standalone", np, "--max-restarts=3",
-                      "--recovery=in-place", RG_EXACT_BIN, "--work", "3000"};
-    int n = 8;
+                      "--recovery=in-place", RG_EXACT_BIN, "--work", "3000",
+                      "--table-rows", "1000"};
+    int n = 10;
     snprintf(np, sizeof(np), "--nproc-per-node=%d", world);
     for (int i = 0; i < n_extra; i++) {
         argv[n++] = extra[i];
@@ -119,6 +120,35 @@ static void run_one_node(const char *name, int world, char *const *extra, int n_
     ck_assert_msg(test_log_has(dir, name, "regrouped: "), "%s: nobody regrouped", name);
     ck_assert_msg(!test_log_has(dir, name, "resumed from step"), "%s: resumed from a checkpoint",
                   name);
+}
+
+/* The largest N of the lines "... N <what>" in node `name`'s log (the sharded table's
+ * regroup line says where each rank's rows came from), or -1. */
+static long most_rows_from(const char *name, const char *what)
+{
+    char path[400];
+    char line[1024];
+    long most = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *at = strstr(line, what);
+        if (at == NULL || strstr(line, "the sharded table at step") == NULL) {
+            continue;
+        }
+        char *p = at;
+        while (p > line && p[-1] == ' ') {
+            p--;
+        }
+        while (p > line && p[-1] >= '0' && p[-1] <= '9') {
+            p--;
+        }
+        long v = strtol(p, NULL, 10);
+        most = v > most ? v : most;
+    }
+    fclose(f);
+    return most;
 }
 
 START_TEST(test_inplace_kill_between_steps)
@@ -155,6 +185,21 @@ START_TEST(test_inplace_two_faults)
 }
 END_TEST
 
+/* A rank and its buddy die at the same step on one node: the rows that only they held come
+ * from their node copies (the agent's memfds), read by the survivors; nothing from disk. */
+START_TEST(test_inplace_table_owner_and_buddy_from_node_copies)
+{
+    char *extra[] = {"--kill-at", "30", "--kill-rank", "0", "--kill-rank2", "1"};
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    run_one_node("nodecopy", 4, extra, 6);
+    unsetenv("REGROUP_LOG_LEVEL");
+    ck_assert(test_log_has(dir, "nodecopy", "table=1"));
+    ck_assert_msg(most_rows_from("nodecopy", "from node copies") > 0,
+                  "no rows came from a node copy");
+    check_pids("nodecopy", 4, 2);
+}
+END_TEST
+
 static char ep_arg[600];
 
 /* The test's etcd, for start_node. */
@@ -171,7 +216,7 @@ static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
 {
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
                     "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
-                    "--epochs", "8", "--work", "400000", NULL};
+                    "--epochs", "8", "--work", "400000", "--table-rows", "1000", NULL};
     return test_spawn_logged(dir, name, argv);
 }
 
@@ -189,8 +234,10 @@ static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
 {
     const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8";
     job_etcd();
+    setenv("REGROUP_LOG_LEVEL", "info", 1);   /* where the table's rows come from */
     *a = start_node("a", nnodes, "--nproc-per-node=2", conf);
     *b = start_node("b", nnodes, "--nproc-per-node=2", conf);
+    unsetenv("REGROUP_LOG_LEVEL");
     wait_training();
     ck_assert_int_eq(kill(*b, sig), 0);
     ck_assert_int_eq(test_wait_exit(*b, 30000), 128 + sig);
@@ -211,7 +258,67 @@ START_TEST(test_inplace_node_loss)
                   "the job did not finish exactly at world size 2");
     ck_assert(test_log_has(dir, "a", "regrouped: "));
     ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    ck_assert(test_log_has(dir, "a", "table=1"));
+    ck_assert_msg(most_rows_from("a", "came from buddy copies") > 0,
+                  "node b's rows did not come from their buddy copies on node a");
     check_pids("a", 2, 2);
+}
+END_TEST
+
+/* The pid of node `name`'s lowest rank, from its workers' "rank R: pid P started" lines. */
+static int lowest_rank_pid(const char *name, int *rank_p)
+{
+    char path[400];
+    char line[512];
+    int best_rank = 1 << 30;
+    int best_pid = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int rank;
+        int pid;
+        int joining;
+        const char *s = strstr(line, "rank ");
+        if (s != NULL &&
+            sscanf(s, "rank %d: pid %d started (joining %d)", &rank, &pid, &joining) == 3 &&
+            joining == 0 && rank < best_rank) {
+            best_rank = rank;
+            best_pid = pid;
+        }
+    }
+    fclose(f);
+    *rank_p = best_rank;
+    return best_pid;
+}
+
+/* Node b is lost together with the rank of node a that keeps the buddy copy of one of b's
+ * ranks (a's lowest: the ranks of two nodes of 2 pair up in order): those rows are held
+ * nowhere (b's node copies went with b), so the regroup says so and the job restarts from its
+ * last checkpoint on node a, exactly. */
+START_TEST(test_inplace_table_lost_falls_back_to_disk)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8";
+    job_etcd();
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    unsetenv("REGROUP_LOG_LEVEL");
+    wait_training();
+    int rank;
+    int victim = lowest_rank_pid("a", &rank);
+    ck_assert_int_gt(victim, 0);
+    ck_assert_int_eq(kill(b, SIGKILL), 0);
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_msg(test_log_has(dir, "a", "held by no member"),
+                  "the regroup did not find the rows lost");
+    ck_assert_msg(test_log_has(dir, "a", "resumed from step"),
+                  "the job did not restart from its checkpoint");
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "table=1") &&
+                      test_log_has(dir, "a", "world=2"),
+                  "the job did not finish exactly at world size 2");
 }
 END_TEST
 
@@ -391,6 +498,8 @@ int main(void)
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_node_loss);
+    tcase_add_test(tc, test_inplace_table_owner_and_buddy_from_node_copies);
+    tcase_add_test(tc, test_inplace_table_lost_falls_back_to_disk);
     tcase_add_test(tc, test_inplace_node_joins);
     tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);

@@ -83,18 +83,17 @@ void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms);
  * find: the members say what rows they hold (an allgather); *step_p gets the newest of
  * steps[] (each member's replicated step) at which every row is held (RG_ENOENT: none), and
  * *view_p what is needed to move them. move: the rows of this rank's new layout into the
- * view (tagged sends and receives); *moved_p rows of them were not this rank's live rows:
- * *from_buddy_p came from a buddy copy, *from_node_p from a node copy, the rest from other
- * members' live rows. adopt: the moved rows become the table's (with
+ * view (tagged sends and receives): *from_buddy_p of them came from buddy copies,
+ * *from_node_p from node copies, and *from_others_p of all those were sent by other members
+ * (the rest copied in this member's memory). adopt: the moved rows become the table's (with
  * the replicated state: no failure between). settle: frees the view, then a barrier (no
  * member reads a node copy any more) and the commit of the new layout at the view's step. */
 typedef struct train_table_view train_table_view_t;
 rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int64_t *steps,
-                             int64_t my_step, int64_t *step_p, train_table_view_t **view_p)
-    RG_NODISCARD;
+                             int64_t *step_p, train_table_view_t **view_p) RG_NODISCARD;
 rg_status_t train_table_move(rg_train_ctx_t *ctx, rg_train_table_t *t, train_table_view_t *v,
-                             size_t *moved_p, size_t *from_buddy_p, size_t *from_node_p)
-    RG_NODISCARD;
+                             size_t *from_others_p, size_t *from_buddy_p,
+                             size_t *from_node_p) RG_NODISCARD;
 void        train_table_adopt(rg_train_ctx_t *ctx, rg_train_table_t *t,
                               train_table_view_t *v);
 rg_status_t train_table_settle(rg_train_ctx_t *ctx, rg_train_table_t *t,

@@ -188,7 +188,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     int64_t *steps = calloc((size_t)world, sizeof(*steps));
     train_table_view_t *view = NULL;
     unsigned char *scratch = NULL;
-    size_t moved = 0;
+    size_t from_others = 0;
     size_t from_buddy = 0;
     size_t from_node = 0;
     size_t total = 0;
@@ -205,7 +205,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     steps[ctx->rank] = *my_step;
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, steps, 1, RG_DTYPE_I64, NULL);
     if (st == RG_OK && rs->table != NULL) {
-        st = train_table_find(ctx, rs->table, steps, *my_step, &best, &view);
+        st = train_table_find(ctx, rs->table, steps, &best, &view);
     } else if (st == RG_OK) {
         for (int r = 0; r < world; r++) {
             best = RG_MAX(best, steps[r]);
@@ -235,7 +235,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                       "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
     }
     if (st == RG_OK && view != NULL) {
-        st = train_table_move(ctx, rs->table, view, &moved, &from_buddy, &from_node);
+        st = train_table_move(ctx, rs->table, view, &from_others, &from_buddy, &from_node);
     }
     bool is_source = ctx->rank == source;
     if (st == RG_OK && !is_source && total > 0) {
@@ -274,8 +274,8 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     if (view != NULL) {
         train_table_adopt(ctx, rs->table, view);
         rg_info("regroup: the sharded table at step %lld: of this rank's rows, %zu came from "
-                "buddy copies, %zu from node copies, %zu from other members' live rows",
-                (long long)best, from_buddy, from_node, moved - from_buddy - from_node);
+                "buddy copies and %zu from node copies (%zu sent by other members)",
+                (long long)best, from_buddy, from_node, from_others);
         st = train_table_settle(ctx, rs->table, view);
         if (st != RG_OK) {
             return st;

@@ -2,12 +2,20 @@
  * The sharded table of an in-place job (rg_train_table_t, <regroup/train.h>): its layout, its
  * two copies, and how a regroup finds every row and moves it to its owner in the new round.
  *
- * Copies. rg_train_table_commit first writes this rank's rows into its node copy, then sends
- * them to its buddy while receiving its sender's into the buddy copy it keeps. Each copy is
- * marked invalid before it is written and valid (with its step and rows) once whole, so a
- * member that dies in the middle leaves an invalid copy, never a torn one. The node copy
- * goes first: a rank that dies during the exchange has left its rows of that step on its
- * node, where the survivors, which completed the step, find them.
+ * Copies. rg_train_table_commit(step) is a small two-phase commit:
+ *   1. this rank sends its rows to its buddy, and receives its sender's rows into the older of
+ *      the two buddy copies it keeps (marked invalid first, valid at `step` once whole: the
+ *      newer one, of the step before, stays whole whatever happens meanwhile);
+ *   2. the ranks agree that every exchange succeeded (an allreduce of one word: none
+ *      completes unless every rank took part, so a member that died before this point makes
+ *      the commit fail everywhere);
+ *   3. then each writes its rows into its node copy (marked invalid, then valid at `step`).
+ * A program applies a step's update to its replicated state only once the commit returned
+ * RG_OK; so every member's replicated state is at `step` or at the last step committed
+ * before, and both steps' rows are held: at `step` in the newer buddy copies (and the node
+ * copies written), at the step before in the older buddy copies and the node copies not yet
+ * rewritten. A regroup uses these copies only, never the live rows, which the program may
+ * have changed since the last commit.
  *
  * The node copy is one memfd of the agent's per local rank (RG_TABLE_ENV): a header
  * (slot_hdr_t: valid, magic, version, the table's size, the rows held, their step), then the
@@ -21,11 +29,12 @@
  *
  * A regroup (train_table_find, then train_table_move and train_table_settle, from
  * train_regroup.c's agree_state):
- *   1. every member says what it holds: its live rows (at the step it brings), its buddy
- *      copy, and each node copy it can read (an allgather of (first, count, step) triples);
+ *   1. every member says what it holds: its two buddy copies and each node copy it can read
+ *      (an allgather of (first, count, step) triples);
  *   2. every member computes the same plan: the step is the newest that some member's
  *      replicated state is at and at which every row is held; each row of a new owner comes
- *      from the owner itself when it holds it, else from the lowest rank holding it;
+ *      from the owner itself when it holds it (a memory copy), else from the lowest rank
+ *      holding it;
  *   3. the moves run as tagged sends and receives into a new buffer, which the member adopts
  *      only once the replicated state has arrived too (with its step: one consistent
  *      state); then a barrier (nobody still reads a node copy) and a commit of the new layout.
@@ -79,10 +88,10 @@ struct rg_train_table {
     uint64_t       first;
     uint64_t       count;
     unsigned char *rows;
-    /* the copy of the sender's rows this rank keeps */
-    hold_t         copy;        /* step -1: invalid */
-    unsigned char *copy_rows;
-    size_t         copy_cap;
+    /* the two copies of the sender's rows this rank keeps: the newest and the one before */
+    hold_t         copy[2];     /* step -1: invalid */
+    unsigned char *copy_rows[2];
+    size_t         copy_cap[2];
     /* the buddy plan, for the layout it was made for */
     int            plan_rank;
     int            plan_world;
@@ -189,7 +198,7 @@ rg_status_t rg_train_table_create(rg_train_ctx_t *ctx, uint64_t n_rows, size_t r
     }
     t->n_rows = n_rows;
     t->row_bytes = row_bytes;
-    t->copy.step = -1;
+    t->copy[0].step = t->copy[1].step = -1;
     t->plan_world = -1;
     t->own = -1;   /* no node copy outside an in-place job */
     if (ctx->in_place) {
@@ -229,7 +238,8 @@ void rg_train_table_destroy(rg_train_table_t *t)
         munmap(t->map, t->map_bytes);
     }
     free(t->rows);
-    free(t->copy_rows);
+    free(t->copy_rows[0]);
+    free(t->copy_rows[1]);
     free(t);
 }
 
@@ -256,32 +266,41 @@ size_t rg_train_table_row_bytes(const rg_train_table_t *t)
 
 /* ---- copies ---------------------------------------------------------------------------- */
 
-/* This rank's rows into its node copy, as those of step. */
-static rg_status_t slot_write(rg_train_table_t *t, int64_t step)
+/* The mapping of this rank's node copy, big enough for its rows. */
+static rg_status_t slot_map(rg_train_table_t *t)
 {
     if (t->own < 0) {
         return RG_OK;
     }
     int fd = t->slot_fd[t->own];
     size_t need = SLOT_HDR + t->count * t->row_bytes;
-    if (t->map == NULL || t->map_bytes < need) {
-        struct stat stb;
-        if (t->map != NULL) {
-            munmap(t->map, t->map_bytes);
-            t->map = NULL;
-        }
-        /* Never shrunk: another worker of the node may read it in a regroup later. */
-        if (fstat(fd, &stb) != 0 ||
-            ((size_t)stb.st_size < need && ftruncate(fd, (off_t)need) != 0)) {
-            return rg_error(RG_ESYS, "node copy: %s", strerror(errno));
-        }
-        void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            return rg_error(RG_ESYS, "node copy: mmap of %zu bytes: %s", need,
-                            strerror(errno));
-        }
-        t->map = p;
-        t->map_bytes = need;
+    if (t->map != NULL && t->map_bytes >= need) {
+        return RG_OK;
+    }
+    struct stat stb;
+    if (t->map != NULL) {
+        munmap(t->map, t->map_bytes);
+        t->map = NULL;
+    }
+    /* Never shrunk: another worker of the node may read it in a regroup later. */
+    if (fstat(fd, &stb) != 0 ||
+        ((size_t)stb.st_size < need && ftruncate(fd, (off_t)need) != 0)) {
+        return rg_error(RG_ESYS, "node copy: %s", strerror(errno));
+    }
+    void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        return rg_error(RG_ESYS, "node copy: mmap of %zu bytes: %s", need, strerror(errno));
+    }
+    t->map = p;
+    t->map_bytes = need;
+    return RG_OK;
+}
+
+/* This rank's rows into its node copy (mapped), as those of step. */
+static void slot_write(rg_train_table_t *t, int64_t step)
+{
+    if (t->own < 0 || t->map == NULL) {
+        return;
     }
     slot_hdr_t *h = (slot_hdr_t *)t->map;
     atomic_store(&h->valid, 0);
@@ -296,7 +315,6 @@ static rg_status_t slot_write(rg_train_table_t *t, int64_t step)
     h->count = t->count;
     h->step = step;
     atomic_store_explicit(&h->valid, 1, memory_order_release);
-    return RG_OK;
 }
 
 /* The buddy plan of the current layout: an allgather of the ranks' nodes. */
@@ -358,36 +376,46 @@ rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *t, int6
     if (step < 0) {
         return rg_error(RG_EINVAL, "rg_train_table_commit: step < 0");
     }
-    if (ctx->comm == NULL || t->rank != ctx->rank || t->world != ctx->world) {
+    if (t->rank != ctx->rank || t->world != ctx->world ||
+        (ctx->comm == NULL && t->world > 1)) {
         return rg_error(RG_EINVAL, "rg_train_table_commit: the table is laid out for rank %d "
                         "of %d, the worker is rank %d of %d (regroup with the table)",
                         t->rank, t->world, ctx->rank, ctx->world);
     }
     t->round = ctx->round;
-    rg_status_t st = slot_write(t, step);
-    if (st != RG_OK || t->world == 1) {
-        return st;
+    rg_status_t st = slot_map(t);
+    if (st != RG_OK) {
+        return st;   /* (before any exchange: the others' fail with this rank's exit) */
+    }
+    if (t->world == 1) {
+        slot_write(t, step);
+        return RG_OK;
     }
     st = plan_buddies(ctx, t);
     if (st != RG_OK) {
         return st;
     }
+    /* 1. The exchange, into the older copy. */
+    int k = t->copy[0].step <= t->copy[1].step ? 0 : 1;
     uint64_t c_count;
     uint64_t c_first = share_first(t->n_rows, t->sender, t->world, &c_count);
     size_t bytes = c_count * t->row_bytes;
-    t->copy.step = -1;
-    if (bytes > t->copy_cap) {
-        unsigned char *p = realloc(t->copy_rows, bytes);
+    t->copy[k].step = -1;
+    int64_t ok = 1;
+    if (bytes > t->copy_cap[k]) {
+        unsigned char *p = realloc(t->copy_rows[k], bytes);
         if (p == NULL) {
-            return rg_error(RG_ENOMEM, "table: a copy of %zu bytes", bytes);
+            ok = 0;
+            rg_warn("table: no memory for a copy of %zu bytes", bytes);
+        } else {
+            t->copy_rows[k] = p;
+            t->copy_cap[k] = bytes;
         }
-        t->copy_rows = p;
-        t->copy_cap = bytes;
     }
     rg_comm_req_t *rq = NULL;
     rg_comm_req_t *sq = NULL;
-    if (bytes > 0) {
-        st = rg_comm_recv_post(ctx->comm, t->copy_rows, bytes, RG_DTYPE_U8, t->sender,
+    if (ok && bytes > 0) {
+        st = rg_comm_recv_post(ctx->comm, t->copy_rows[k], bytes, RG_DTYPE_U8, t->sender,
                                TAG_COMMIT, NULL, &rq);
     }
     if (st == RG_OK && t->count > 0) {
@@ -402,11 +430,25 @@ rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *t, int6
     }
     rg_comm_req_free(rq);
     rg_comm_req_free(sq);
-    if (st == RG_OK) {
-        t->copy = (hold_t){.first = (int64_t)c_first, .count = (int64_t)c_count,
-                           .step = step};
+    if (st != RG_OK) {
+        return st;   /* the group is unusable: nobody's agreement completes */
     }
-    return st;
+    if (ok) {
+        t->copy[k] = (hold_t){.first = (int64_t)c_first, .count = (int64_t)c_count,
+                              .step = step};
+    }
+    /* 2. Every exchange succeeded. */
+    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN, NULL);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (!ok) {
+        return rg_error(RG_ENOMEM, "rg_train_table_commit: a member had no memory for its "
+                        "buddy copy of step %lld", (long long)step);
+    }
+    /* 3. The node copy. */
+    slot_write(t, step);
+    return RG_OK;
 }
 
 /* ---- a regroup ------------------------------------------------------------------------- */
@@ -498,7 +540,7 @@ static bool covered(const train_table_view_t *v, int64_t n_rows, int64_t step)
 }
 
 rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int64_t *steps,
-                             int64_t my_step, int64_t *step_p, train_table_view_t **view_p)
+                             int64_t *step_p, train_table_view_t **view_p)
 {
     int w = ctx->world;
     int64_t head[3] = {(int64_t)t->n_rows, (int64_t)t->row_bytes, t->n_slots};
@@ -529,7 +571,7 @@ rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int
         return rg_error(RG_ENOMEM, "table: view");
     }
     v->world = w;
-    v->n_holds = 2 + (int)hi[2];
+    v->n_holds = 2 + (int)hi[2];   /* the two buddy copies, the node copies */
     v->holds = calloc((size_t)w * (size_t)v->n_holds, sizeof(hold_t));
     v->src = calloc((size_t)v->n_holds, sizeof(*v->src));
     v->maps = calloc((size_t)v->n_holds, sizeof(*v->maps));
@@ -542,14 +584,11 @@ rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int
     for (int k = 0; k < v->n_holds; k++) {
         mine[k] = (hold_t){.step = -1};
     }
-    if (my_step >= 0 && t->count > 0) {
-        mine[0] = (hold_t){.first = (int64_t)t->first, .count = (int64_t)t->count,
-                           .step = my_step};
-        v->src[0] = t->rows;
-    }
-    if (t->copy.step >= 0 && t->copy.count > 0) {
-        mine[1] = t->copy;
-        v->src[1] = t->copy_rows;
+    for (int c = 0; c < 2; c++) {
+        if (t->copy[c].step >= 0 && t->copy[c].count > 0) {
+            mine[c] = t->copy[c];
+            v->src[c] = t->copy_rows[c];
+        }
     }
     for (int i = 0; i < t->n_slots; i++) {
         slot_read(t, i, v, 2 + i, &mine[2 + i]);
@@ -579,6 +618,17 @@ rg_status_t train_table_find(rg_train_ctx_t *ctx, rg_train_table_t *t, const int
         below = cand;
     }
     if (step < 0) {
+        for (int k = 0; k < w * v->n_holds; k++) {
+            if (v->holds[k].count > 0) {
+                rg_info("table: member %d holds rows %lld..%lld at step %lld (%d)",
+                        k / v->n_holds, (long long)v->holds[k].first,
+                        (long long)(v->holds[k].first + v->holds[k].count),
+                        (long long)v->holds[k].step, k % v->n_holds);
+            }
+        }
+        for (int r = 0; r < w; r++) {
+            rg_info("table: member %d is at step %lld", r, (long long)steps[r]);
+        }
         train_table_view_free(v);
         return rg_error(RG_ENOENT, "regroup: rows of the sharded table are held by no member "
                         "at any step a member's state is at (their owner and its buddy were "
@@ -615,7 +665,8 @@ static void pick(const train_table_view_t *v, int d, int64_t row, int64_t limit,
 }
 
 rg_status_t train_table_move(rg_train_ctx_t *ctx, rg_train_table_t *t, train_table_view_t *v,
-                             size_t *moved_p, size_t *from_buddy_p, size_t *from_node_p)
+                             size_t *from_others_p, size_t *from_buddy_p,
+                             size_t *from_node_p)
 {
     int me = ctx->rank;
     size_t rb = t->row_bytes;
@@ -627,7 +678,7 @@ rg_status_t train_table_move(rg_train_ctx_t *ctx, rg_train_table_t *t, train_tab
     rg_status_t st = RG_OK;
     uint32_t idx = 0;
 
-    *moved_p = 0;
+    *from_others_p = 0;
     *from_buddy_p = 0;
     *from_node_p = 0;
     if (my_count > 0) {
@@ -677,10 +728,10 @@ rg_status_t train_table_move(rg_train_ctx_t *ctx, rg_train_table_t *t, train_tab
                                        NULL, &reqs[n_req]);
                 n_req += st == RG_OK;
             }
-            if (d == me && (src != me || k != 0)) {
-                *moved_p += (size_t)(end - row);
-                *from_buddy_p += k == 1 ? (size_t)(end - row) : 0;
-                *from_node_p += k >= 2 ? (size_t)(end - row) : 0;
+            if (d == me) {
+                size_t n = (size_t)(end - row);
+                *(k < 2 ? from_buddy_p : from_node_p) += n;
+                *from_others_p += src != me ? n : 0;
             }
             idx++;
             row = end;

@@ -243,24 +243,29 @@ typedef struct {
  * by rows across the ranks as rg_sampler_share splits (rank r of W owns the rows from
  * r * (n_rows / W) + min(r, n_rows % W) on, n_rows / W of them and one more while r <
  * n_rows % W). Exactly one rank holds each row's live bytes (an optimizer's shard, a slice of
- * an embedding). So that a lost rank loses none, rg_train_table_commit keeps two copies of
- * each rank's rows at the step committed: one in the memory of its buddy, a rank on another
- * node (the rank at the largest node's size further on in the ranks' order by node; on one
- * node, or when one node holds more than half the ranks, a rank of the same node), and one
- * in a shared-memory segment that the rank's agent owns (a memfd, inherited by the node's
- * workers: it has no name in /dev/shm and is gone with the agent and its workers). Memory: a
- * rank holds its live rows, its buddy's copy (about as many rows) and its node copy, so each
- * row is held at most three times in all; during rg_train_regroup, one more transient buffer
- * of the rank's new rows.
+ * an embedding). So that a lost rank loses none, rg_train_table_commit keeps copies of each
+ * rank's rows at the step committed: two in the memory of its buddy, a rank on another node
+ * (the newest step and the one before, so that a commit cut short keeps a whole one; the
+ * buddy is the rank at the largest node's size further on in the ranks' order by node; on one
+ * node, or when one node holds more than half the ranks, a rank of the same node), and one in
+ * a shared-memory segment that the rank's agent owns (a memfd, inherited by the node's
+ * workers: it has no name in /dev/shm and is gone with the agent and its workers). Memory:
+ * three extra copies of each rank's rows (its node copy, and the two buddy copies that its
+ * buddy holds), and during rg_train_regroup one more transient buffer of a rank's new rows.
  *
- * rg_train_regroup (given the table) finds every row at one step, from any member (its live
- * rows, a buddy copy, a node copy of a local rank, living or not) and moves it to its owner
- * in the new round, then commits the new layout. Rows that no member holds at the step
- * agreed on (their owner and its buddy lost, and its node copy with its node) make the
- * regroup fail: the job restarts from its last disk checkpoint, which should hold the table
- * too (save each rank's rows as the rows of a checkpoint tensor). The live rows must be
- * those of the step given to rg_train_regroup (rs->step): commit them at every step, after
- * the step's update, so that a regroup finds them all at the step every member reached.
+ * Commit the rows at every step, after the step's update of the rows and BEFORE applying the
+ * step's update to the replicated state: the step counts once the commit returned RG_OK (the
+ * ranks agree on it inside). When the commit fails (RG_EPEER), the replicated state is still
+ * that of the step before: give that step to rg_train_regroup. rg_train_regroup (given the
+ * table) then finds every row at one step from the members' copies (never from the live
+ * rows, which may have changed since the last commit): the newest step at which some
+ * member's replicated state is and every row is held (in a buddy copy, or in a node copy of a
+ * local rank, living or not), and moves each row to its owner in the new round, then commits
+ * the new layout. Rows that no member holds at such a step (their owner and its buddy lost,
+ * and its node copy with its node) make the regroup fail: the job restarts from its last disk
+ * checkpoint, which should hold the table too (save each rank's rows as the rows of a
+ * checkpoint tensor). The table's own transfers use the group's point-to-point tags from
+ * 0xfffe0000 up: a program's own sends use lower ones.
  */
 typedef struct rg_train_table rg_train_table_t;
 
@@ -277,11 +282,13 @@ uint64_t    rg_train_table_n_rows(const rg_train_table_t *table);
 size_t      rg_train_table_row_bytes(const rg_train_table_t *table);
 
 /* Collective, at the same step on every rank. Keeps this rank's live rows as those of `step`
- * in its buddy's memory and in its node copy: one send and one receive of about a shard,
- * and a memory copy; no etcd. A member that fails during it leaves the copies it was
- * writing invalid (never torn: each is marked valid only once whole). Returns the group's
- * errors (RG_EPEER, RG_ETIMEDOUT: then regroup), RG_EINVAL (step < 0, a table of another
- * layout than the context's), RG_ENOMEM. */
+ * in its buddy's memory and in its node copy: one send and one receive of about a shard, a
+ * one-word allreduce (the agreement) and a memory copy; no etcd. A member that fails during
+ * it leaves the copies it was writing invalid (never torn: each is marked valid only once
+ * whole), and the copies of the step before whole. Returns the group's errors (RG_EPEER,
+ * RG_ETIMEDOUT: the step did not count; regroup from the step before), RG_EINVAL (step < 0,
+ * a table of another layout than the context's), RG_ENOMEM (a member had no memory for its
+ * copy), RG_ESYS (the node copy cannot grow). */
 rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *table, int64_t step)
     RG_TRAIN_NODISCARD;
 
