@@ -336,6 +336,7 @@ static rg_status_t on_notice(rg_train_ctx_t *ctx, const rg_report_t *rep,
     if (rg_train_rank(ctx) == 0 && stays) {
         printf("a node leaves at step %lld: last checkpoint %s; regrouping without it\n",
                (long long)rep->step, st == RG_OK ? "committed" : rg_last_error());
+        fflush(stdout);
     } else if (rg_train_rank(ctx) == 0) {
         if (st == RG_OK) {
             printf("left at step %lld: checkpoint committed (%lld ms were left)\n",

@@ -345,6 +345,10 @@ typedef struct {
     bool  restart_asked;                    /* a worker said in-place recovery failed */
     bool  ready_seen;                       /* a replacement became ready */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
+    int64_t term_end_ms;                    /* SIGTERM came while this node rejoined: it
+                                               leaves once in the round (its workers take
+                                               their last checkpoint there), by this time
+                                               (rg_notice_now_ms); 0: none */
     int   table_fd[LAUNCHER_MAX_NPROC];     /* the node copies of the workers' sharded
                                                tables (RG_TABLE_ENV), one per local rank */
     int   n_table;
@@ -367,6 +371,9 @@ bool        launcher_inplace_capable(const launcher_inplace_t *ip, const launche
 bool        launcher_inplace_settled(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 /* Workers that take part in the next round: live, and in the round or ready. */
 int         launcher_inplace_members(const launcher_inplace_t *ip, const launcher_workers_t *ws);
+/* The running workers in the current round only (not a ready replacement waiting for the
+ * next). */
+int         launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 
 /* Puts this node's ranks in asg (a round it joined in place) into the page and the worker
  * table: ready replacements become members. */

@@ -256,6 +256,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
     if (launcher_watch_take(ag->watch, &pn)) {   /* it came while joining */
         launcher_leave_begin(&lv, pn.reason, pn.end_ms);
     }
+    if (ag->ip.term_end_ms > 0) {   /* SIGTERM came while this node rejoined in place */
+        launcher_leave_begin(&lv, "SIGTERM", ag->ip.term_end_ms);
+        ag->ip.term_end_ms = 0;
+    }
     const char *pending = NULL;   /* in place: a planned change waiting for the workers */
     for (;;) {
         struct pollfd pfd[AGENT_MAX_FDS];
@@ -358,6 +362,13 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
                 return ROUND_RESTART;
             }
+            if (running > 0 && lv.own && ag->ip.enabled &&
+                launcher_inplace_in_round(&ag->ip, &ag->ws) == 0) {
+                /* This node leaves and its round's workers are done (their last checkpoint
+                 * taken): a replacement in no round yet holds nothing to save or wait for. */
+                rg_info("leaving: stopping %d replacement(s) that joined no round", running);
+                running = 0;
+            }
             if (running == 0) {
                 launcher_workers_stop(&ag->ws, 0, SIGKILL, cfg);   /* closes pipes and logs */
                 if (launcher_leave_excused(&lv)) {
@@ -410,7 +421,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 return lv.own ? agent_left(ag, &lv) : ROUND_RESTART;
             }
         }
-        if (ag->ip.enabled && ag->ip.ready_seen && pending == NULL) {
+        if (ag->ip.enabled && ag->ip.ready_seen && pending == NULL && !lv.own) {
+            /* (not while this node leaves: its notice is the preemption, and a regroup
+             * would take its place on the page) */
             pending = "a replacement worker is ready";
         }
         /* A planned change waits until this node's workers are in the round assigned, so
@@ -469,6 +482,9 @@ static rg_status_t agent_loop(agent_t *ag)
                                         .beat = &ag->beat};
             int ran = asg->round;   /* the round the workers are in */
             launcher_inplace_end_t ie = launcher_inplace_rejoin(&e, asg, &ag->stop_signal);
+            if (ie != INPLACE_JOINED && ag->ip.term_end_ms > 0) {
+                ie = INPLACE_STOPPED;   /* no round to leave from: SIGTERM stops the node */
+            }
             bool asked = false;
             if (ie == INPLACE_JOINED && !asg->job_failed && !asg->job_done &&
                 rg_rdzv_restart_requested(ag->rdzv, ran, &asked) == RG_OK && asked) {

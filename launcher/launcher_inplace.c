@@ -225,6 +225,15 @@ int launcher_inplace_members(const launcher_inplace_t *ip, const launcher_worker
     return n;
 }
 
+int launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws)
+{
+    int n = 0;
+    for (int i = 0; i < ws->n; i++) {
+        n += ws->w[i].running && ip->state[i] == INPLACE_IN_ROUND ? 1 : 0;
+    }
+    return n;
+}
+
 void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
                              rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg)
 {
@@ -363,7 +372,18 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
             break;
         }
         bool child = serve_workers(e, timer, stop_signal);
-        if (*stop_signal != 0) {
+        if (*stop_signal == SIGTERM && e->ip->term_end_ms == 0) {
+            /* A preemption with the grace period as its notice. The workers are between two
+             * groups and can save nothing yet: the join goes on, and the node leaves once in
+             * the round, where they take their last checkpoint (a job stopped as a whole
+             * would lose every step since its last one otherwise). */
+            e->ip->term_end_ms = rg_notice_now_ms() + cfg->grace_ms;
+            fprintf(stderr, "regroup: SIGTERM while joining in place: this node leaves once "
+                    "its workers are in the round (within %lld ms)\n",
+                    (long long)cfg->grace_ms);
+        }
+        if ((*stop_signal != 0 && *stop_signal != SIGTERM) ||
+            (e->ip->term_end_ms > 0 && rg_notice_now_ms() >= e->ip->term_end_ms)) {
             end = INPLACE_STOPPED;
             break;
         }

@@ -9,6 +9,8 @@
  */
 #include "test_util.h"
 
+#include <regroup/ckpt.h>
+
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
@@ -404,6 +406,86 @@ START_TEST(test_inplace_preemption)
 }
 END_TEST
 
+/* The step of the last checkpoint that rank 0 said it committed before a node left ("left at
+ * step N: checkpoint committed" on the leaving node, "a node leaves at step N: last checkpoint
+ * committed" on one that stays), or -1. */
+static long last_checkpoint_step(const char *name)
+{
+    char path[400];
+    char line[512];
+    long step = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *at = strstr(line, "leave");
+        at = at != NULL ? strstr(at, " at step ") : NULL;
+        if (at == NULL) {
+            at = strstr(line, "left at step ");
+            at = at != NULL ? at + 4 : NULL;
+        }
+        if (at != NULL && strstr(line, "committed") != NULL) {
+            step = strtol(at + strlen(" at step "), NULL, 10);
+        }
+    }
+    fclose(f);
+    return step;
+}
+
+/* SIGTERM reaches an agent while it rejoins in place: node a's worker died and the next round
+ * waits for node b, whose agent is frozen (SIGSTOP) for a moment, well within its lease. The
+ * join goes on, and in the round the workers take the last checkpoint of the step they
+ * reached before node a leaves. Before, the agent stopped its workers at once, with no last
+ * checkpoint (a job stopped as a whole then loses every step since its last one); then, a's
+ * ready replacement made it post a regroup over its preemption notice, and its leaving
+ * waited for that replacement until the grace period ended. */
+START_TEST(test_inplace_sigterm_while_rejoining)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=5,last_call_timeout=0.5,join_timeout=30";
+    job_etcd();
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", "--nnodes=1:2",
+                    "--nproc-per-node=2", "--max-restarts=3", "--recovery=in-place",
+                    "--grace-period=20", (char *)conf, RG_EXACT_BIN, "--epochs", "8",
+                    "--work", "400000", "--table-rows", "1000", NULL};
+    pid_t a = test_spawn_logged(dir, "a", argv);
+    pid_t b = test_spawn_logged(dir, "b", argv);
+    unsetenv("REGROUP_LOG_LEVEL");
+    wait_training();
+    int rank;
+    int victim = lowest_rank_pid("a", &rank);
+    ck_assert_int_gt(victim, 0);
+    ck_assert_int_eq(kill(b, SIGSTOP), 0);
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "replacement started"), 3000,
+                    "node a did not replace its worker (and rejoin)");
+    ck_assert_int_eq(kill(a, SIGTERM), 0);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "SIGTERM while joining in place"), 3000,
+                    "the SIGTERM did not come while node a joined");
+    ck_assert_int_eq(kill(b, SIGCONT), 0);
+    ck_assert_int_eq(test_wait_exit(a, 60000), 128 + SIGTERM);
+    long left = RG_MAX(last_checkpoint_step("a"), last_checkpoint_step("b"));
+    ck_assert_msg(left > 0, "no last checkpoint committed before node a left");
+    int64_t *steps = NULL;
+    size_t n = 0;
+    ck_assert(rg_ckpt_list(ckpt, &steps, &n) == RG_OK && n > 0);
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        found = found || steps[i] == left;
+    }
+    free(steps);
+    ck_assert_msg(found, "the last checkpoint, of step %ld, is not committed", left);
+    /* Node b goes on in place without a at once: a's replacement, which joined no round,
+     * held nothing that a's leaving had to wait for. */
+    TEST_WAIT_UNTIL(test_log_has(dir, "b", "world 2 from step"), 10000,
+                    "node b did not regroup without node a");
+    ck_assert(!test_log_has(dir, "b", "resumed from step"));
+    kill(b, SIGTERM);
+    ck_assert_int_ne(test_wait_exit(b, 60000), -1);
+    check_pids("a", 0, 0);   /* (only that none is left behind) */
+}
+END_TEST
+
 START_TEST(test_inplace_below_min)
 {
     pid_t a;
@@ -503,6 +585,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_node_joins);
     tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);
+    tcase_add_test(tc, test_inplace_sigterm_while_rejoining);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
     tcase_add_test(tc, test_inplace_trainer_fit);

@@ -59,7 +59,9 @@ void test_tmpdir(char *out, size_t cap, const char *tag)
 
 void test_rmtree(const char *path)
 {
-    if (path[0] != '\0') {
+    if (path[0] != '\0' && getenv("REGROUP_KEEP_TEST_DIR") != NULL) {
+        fprintf(stderr, "test files kept in %s\n", path);   /* for a look after a failure */
+    } else if (path[0] != '\0') {
         ck_assert_msg(rg_rm_tree(path), "could not remove all of %s", path);
     }
 }

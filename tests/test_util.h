@@ -34,7 +34,7 @@ int test_main(const char *name, Suite *first, ...);
 void test_tmpdir(char *out, size_t cap, const char *tag);
 /* Removes a tree (rg_rm_tree: nftw, no shell); fails the test if something is left. "" is a
  * no-op, so a teardown may run before its setup made the directory. */
-void test_rmtree(const char *path);
+void test_rmtree(const char *path);   /* kept (and named) under $REGROUP_KEEP_TEST_DIR */
 
 /* ---- waiting on a condition ------------------------------------------------------------ */
 
