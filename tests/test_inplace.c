@@ -102,7 +102,7 @@ static void check_pids(const char *name, int world, int survivors)
 }
 
 /* rg-exact on one node of `world` workers, in place; extra: its fault options. */
-static void run_one_node(const char *name, int world, char *const *extra, int n_extra)
+static pid_t start_one_node(const char *name, int world, char *const *extra, int n_extra)
 {
     char np[32];
     char *argv[32] = {REGROUP_BIN, "--standalone", np, "--max-restarts=3",
@@ -113,12 +113,22 @@ static void run_one_node(const char *name, int world, char *const *extra, int n_
         argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    pid_t pid = test_spawn_logged(dir, name, argv);
+    return test_spawn_logged(dir, name, argv);
+}
+
+/* The job of start_one_node ends exactly, in place. */
+static void end_one_node(const char *name, pid_t pid)
+{
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
     ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     ck_assert_msg(test_log_has(dir, name, "regrouped: "), "%s: nobody regrouped", name);
     ck_assert_msg(!test_log_has(dir, name, "resumed from step"), "%s: resumed from a checkpoint",
                   name);
+}
+
+static void run_one_node(const char *name, int world, char *const *extra, int n_extra)
+{
+    end_one_node(name, start_one_node(name, world, extra, n_extra));
 }
 
 START_TEST(test_inplace_kill_between_steps)
@@ -152,6 +162,167 @@ START_TEST(test_inplace_two_faults)
     read_pids("two", &p);
     ck_assert_int_eq(p.n_started, 5);   /* 3, then a replacement for each fault */
     check_pids("two", 3, 1);   /* the second fault's rank 1 may be the first replacement */
+}
+END_TEST
+
+/* The pid in the "[host:pid rank round]" prefix of the first line of the log that holds
+ * `text` and `also` (NULL: anything) and, when pid > 0, comes from that pid; -1 if none.
+ * copy (may be NULL) gets the line. */
+static int log_line_pid(const char *name, const char *text, const char *also, int pid,
+                        char *copy, size_t cap)
+{
+    char path[400];
+    char line[2048];
+    int found = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    while (found < 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *b = strstr(line, "] [");
+        const char *c = b != NULL ? strchr(b + 3, ':') : NULL;
+        int p;
+        if (c == NULL || strstr(line, text) == NULL || (also && !strstr(line, also)) ||
+            sscanf(c + 1, "%d", &p) != 1 || (pid > 0 && p != pid)) {
+            continue;
+        }
+        found = p;
+        if (copy != NULL) {
+            snprintf(copy, cap, "%s", line);
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The pid of the first replacement worker of the log, or -1. */
+static int first_replacement(const char *name)
+{
+    pids_t p;
+    if (!test_log_has(dir, name, "started (joining 1)")) {
+        return -1;   /* (also while the log is not made yet) */
+    }
+    read_pids(name, &p);
+    for (int i = 0; i < p.n_started; i++) {
+        if (p.joining[i]) {
+            return p.started[i];
+        }
+    }
+    return -1;
+}
+
+/* Whether a first worker (no replacement) other than `but` logged `text`. */
+static bool original_logged(const char *name, const char *text, int but)
+{
+    pids_t p;
+    read_pids(name, &p);
+    for (int i = 0; i < p.n_started; i++) {
+        if (!p.joining[i] && p.started[i] != but &&
+            log_line_pid(name, text, NULL, p.started[i], NULL, 0) > 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A state transfer that lasts: rg-exact's extra state of 32 MiB, sent by the ring in 64-byte
+ * segments one at a time, takes about half a second over shared memory, and the test sees
+ * its first line within milliseconds. The info level has the transfer's lines. */
+#define TRANSFER_STATE_KB "32768"
+
+static void transfer_env(bool slow)
+{
+    const char *vars[][2] = {{"REGROUP_LOG_LEVEL", "info"},
+                             {"REGROUP_COMM_SEGMENT_BYTES", "64"},
+                             {"REGROUP_COMM_RING_WINDOW", "1"}};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        if (slow) {
+            setenv(vars[i][0], vars[i][1], 1);
+        } else {
+            unsetenv(vars[i][0]);
+        }
+    }
+}
+
+/* Starts the one-node job of the transfer tests (rank 1 killed at step 32, so that a
+ * replacement joins and receives the state); when its replacement receives the state in a
+ * round, *round is that round and the replacement's pid is returned. */
+static int transfer_job(const char *name, pid_t *job, int *round)
+{
+    char *extra[] = {"--kill-at", "32", "--kill-rank", "1", "--state-kb", TRANSFER_STATE_KB};
+    char line[2048];
+    int pid;
+    transfer_env(true);
+    *job = start_one_node(name, 4, extra, 6);
+    transfer_env(false);
+    TEST_WAIT_UNTIL((pid = first_replacement(name)) > 0, 60000, "no replacement started");
+    TEST_WAIT_UNTIL(log_line_pid(name, "receives the state", NULL, pid, line, sizeof(line)) > 0,
+                    60000, "the replacement (pid %d) received no state", pid);
+    const char *r = strstr(line, "in round ");
+    ck_assert_msg(r != NULL && sscanf(r, "in round %d", round) == 1, "%s", line);
+    return pid;
+}
+
+/* Frozen at once (nothing more goes out), then killed. */
+static void stop_and_kill(int pid)
+{
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+}
+
+/* The rank that sends the state to a replacement is killed in the middle of the transfer:
+ * the receivers' regroup fails (their scratch copy is dropped, their state stays), they go on
+ * to the next round, where another survivor sends the state; a second replacement joins,
+ * and the job ends exactly with the two remaining first workers. */
+START_TEST(test_inplace_source_killed_mid_transfer)
+{
+    pid_t job;
+    int round;
+    char text[128];
+    int newcomer = transfer_job("source", &job, &round);
+    snprintf(text, sizeof(text), "to round %d", round);
+    int source = -1;
+    TEST_WAIT_UNTIL((source = log_line_pid("source", "sends the state", text, -1, NULL, 0)) > 0,
+                    10000, "nobody sends the state to round %d", round);
+    stop_and_kill(source);
+    end_one_node("source", job);
+    ck_assert_msg(log_line_pid("source", "broke off in buffer 2 of 2", NULL, newcomer, NULL,
+                               0) > 0,
+                  "the replacement's transfer from pid %d was not broken off", source);
+    ck_assert_msg(original_logged("source", "broke off in buffer 2 of 2", source),
+                  "no survivor's transfer was broken off");
+    snprintf(text, sizeof(text), "regroup into round %d failed", round);
+    ck_assert_msg(log_line_pid("source", text, NULL, newcomer, NULL, 0) > 0,
+                  "the replacement did not go on from round %d", round);
+    pids_t p;
+    read_pids("source", &p);
+    ck_assert_msg(original(&p, source), "the source (pid %d) was a replacement", source);
+    ck_assert_int_eq(p.n_started, 6);   /* 4, a replacement for rank 1, one for the source */
+    check_pids("source", 4, 2);
+}
+END_TEST
+
+/* The replacement is killed while it receives the state: the survivors' regroup fails, they
+ * carry on without it, the agent replaces it again and the job ends exactly with the three
+ * survivors' processes. */
+START_TEST(test_inplace_newcomer_killed_mid_transfer)
+{
+    pid_t job;
+    int round;
+    char text[128];
+    int newcomer = transfer_job("newcomer", &job, &round);
+    stop_and_kill(newcomer);
+    end_one_node("newcomer", job);
+    ck_assert_msg(original_logged("newcomer", "broke off in buffer 2 of 2", -1),
+                  "no survivor's transfer was broken off");
+    snprintf(text, sizeof(text), "regroup into round %d failed", round);
+    ck_assert_msg(original_logged("newcomer", text, -1),
+                  "no survivor went on from round %d", round);
+    pids_t p;
+    read_pids("newcomer", &p);
+    ck_assert_int_eq(p.n_started, 6);   /* 4, then a replacement twice */
+    check_pids("newcomer", 4, 3);
 }
 END_TEST
 
@@ -399,5 +570,12 @@ int main(void)
     tcase_add_test(tc, test_inplace_trainer_fit);
     tcase_add_test(tc, test_inplace_fmnist);
     suite_add_tcase(s, tc);
+    /* A case of its own: CK_RUN_CASE=transfer runs these alone. */
+    TCase *tx = tcase_create("transfer");
+    tcase_add_checked_fixture(tx, setup, teardown);
+    tcase_set_timeout(tx, 200);
+    tcase_add_test(tx, test_inplace_source_killed_mid_transfer);
+    tcase_add_test(tx, test_inplace_newcomer_killed_mid_transfer);
+    suite_add_tcase(s, tx);
     return test_main("test_inplace", s, NULL);
 }
