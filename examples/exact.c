@@ -311,15 +311,17 @@ static rg_status_t extra_check(int64_t step)
 static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
                            rg_data_cursor_t *cur, int64_t step, const char *why)
 {
-    rg_train_buf_t buf[2] = {{.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim}};
-    rg_train_regroup_t rs = {.step = step, .bufs = buf, .n_bufs = 1, .cursor = *cur};
+    rg_train_buf_t buf[2];
+    rg_train_regroup_t rs = {.step = step, .bufs = buf, .n_bufs = 0, .cursor = *cur};
     if (o->state_kb > 0) {
+        /* First: a transfer that breaks off while it goes breaks off in buffer 1. */
         rg_status_t fs = extra_fill(o, step, rg_train_joining(ctx));
         if (fs != RG_OK) {
             return fs;
         }
         buf[rs.n_bufs++] = (rg_train_buf_t){.data = extra.w, .bytes = extra.n * sizeof(uint64_t)};
     }
+    buf[rs.n_bufs++] = (rg_train_buf_t){.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
     if (st == RG_OK && o->state_kb > 0) {
         st = extra_check(rs.step_out);

@@ -196,6 +196,24 @@ static int log_line_pid(const char *name, const char *text, const char *also, in
     return found;
 }
 
+/* How many lines of the log hold `text` and `also`. */
+static int log_lines(const char *name, const char *text, const char *also)
+{
+    char path[400];
+    char line[2048];
+    int n = 0;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, text) != NULL && strstr(line, also) != NULL ? 1 : 0;
+    }
+    fclose(f);
+    return n;
+}
+
 /* The pid of the first replacement worker of the log, or -1. */
 static int first_replacement(const char *name)
 {
@@ -246,9 +264,10 @@ static void transfer_env(bool slow)
 }
 
 /* Starts the one-node job of the transfer tests (rank 1 killed at step 32, so that a
- * replacement joins and receives the state); when its replacement receives the state in a
- * round, *round is that round and the replacement's pid is returned. */
-static int transfer_job(const char *name, pid_t *job, int *round)
+ * replacement joins and receives the state); once its replacement and the two other
+ * survivors receive the state in a round, *round is that round, *source the pid that sends
+ * it, and the replacement's pid is returned. */
+static int transfer_job(const char *name, pid_t *job, int *round, int *source)
 {
     char *extra[] = {"--kill-at", "32", "--kill-rank", "1", "--state-kb", TRANSFER_STATE_KB};
     char line[2048];
@@ -261,6 +280,13 @@ static int transfer_job(const char *name, pid_t *job, int *round)
                     60000, "the replacement (pid %d) received no state", pid);
     const char *r = strstr(line, "in round ");
     ck_assert_msg(r != NULL && sscanf(r, "in round %d", round) == 1, "%s", line);
+    char in[64];
+    snprintf(in, sizeof(in), "in round %d\n", *round);
+    TEST_WAIT_UNTIL(log_lines(name, "receives the state", in) == 3, 10000,
+                    "not every survivor receives the state %s", in);
+    snprintf(in, sizeof(in), "to round %d\n", *round);
+    TEST_WAIT_UNTIL((*source = log_line_pid(name, "sends the state", in, -1, NULL, 0)) > 0,
+                    10000, "nobody sends the state %s", in);
     return pid;
 }
 
@@ -279,19 +305,16 @@ START_TEST(test_inplace_source_killed_mid_transfer)
 {
     pid_t job;
     int round;
+    int source;
     char text[128];
-    int newcomer = transfer_job("source", &job, &round);
-    snprintf(text, sizeof(text), "to round %d", round);
-    int source = -1;
-    TEST_WAIT_UNTIL((source = log_line_pid("source", "sends the state", text, -1, NULL, 0)) > 0,
-                    10000, "nobody sends the state to round %d", round);
+    int newcomer = transfer_job("source", &job, &round, &source);
     stop_and_kill(source);
     end_one_node("source", job);
-    ck_assert_msg(log_line_pid("source", "broke off in buffer 2 of 2", NULL, newcomer, NULL,
+    /* All three were receiving the 32 MiB (buffer 1): none got it. */
+    ck_assert_int_eq(log_lines("source", "broke off in buffer 1 of 2", "state stays"), 3);
+    ck_assert_msg(log_line_pid("source", "broke off in buffer 1 of 2", NULL, newcomer, NULL,
                                0) > 0,
                   "the replacement's transfer from pid %d was not broken off", source);
-    ck_assert_msg(original_logged("source", "broke off in buffer 2 of 2", source),
-                  "no survivor's transfer was broken off");
     snprintf(text, sizeof(text), "regroup into round %d failed", round);
     ck_assert_msg(log_line_pid("source", text, NULL, newcomer, NULL, 0) > 0,
                   "the replacement did not go on from round %d", round);
@@ -311,10 +334,13 @@ START_TEST(test_inplace_newcomer_killed_mid_transfer)
     pid_t job;
     int round;
     char text[128];
-    int newcomer = transfer_job("newcomer", &job, &round);
+    int source;
+    int newcomer = transfer_job("newcomer", &job, &round, &source);
     stop_and_kill(newcomer);
     end_one_node("newcomer", job);
-    ck_assert_msg(original_logged("newcomer", "broke off in buffer 2 of 2", -1),
+    /* The two survivors that were receiving: the ring passes every chunk through each. */
+    ck_assert_int_eq(log_lines("newcomer", "broke off in buffer 1 of 2", "state stays"), 2);
+    ck_assert_msg(original_logged("newcomer", "broke off in buffer 1 of 2", source),
                   "no survivor's transfer was broken off");
     snprintf(text, sizeof(text), "regroup into round %d failed", round);
     ck_assert_msg(original_logged("newcomer", text, -1),
