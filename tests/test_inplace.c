@@ -23,9 +23,11 @@
 static char dir[256];
 static char ckpt[300];
 static test_etcd_t etcd;
+static const char *node_state_kb = "0";   /* rg-exact's --state-kb on start_node's nodes */
 
 static void setup(void)
 {
+    node_state_kb = "0";
     test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "inplace");
 }
 
@@ -370,7 +372,8 @@ static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
 {
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
                     "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
-                    "--epochs", "8", "--work", "400000", NULL};
+                    "--epochs", "8", "--work", "400000", "--state-kb", (char *)node_state_kb,
+                    NULL};
     return test_spawn_logged(dir, name, argv);
 }
 
@@ -467,6 +470,55 @@ START_TEST(test_inplace_node_joins)
                       "\"%s\" in a node's log: the job restarted", never[i]);
     }
     check_pids("a", 2, 2);
+}
+END_TEST
+
+/* A node joins, and one of its newcomers is killed while it receives the state: the
+ * members' regroup breaks off, they go on without it, its agent replaces it in place, and the
+ * job ends exactly at world 4 with node a's first workers. */
+START_TEST(test_inplace_joining_newcomer_killed_mid_transfer)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
+    char line[2048];
+    char in[64];
+    int round;
+    int newcomer;
+    job_etcd();
+    node_state_kb = TRANSFER_STATE_KB;
+    transfer_env(true);
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    wait_training();
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    transfer_env(false);
+    TEST_WAIT_UNTIL((newcomer = first_replacement("b")) > 0, 60000, "node b started no newcomer");
+    TEST_WAIT_UNTIL(log_line_pid("b", "receives the state", NULL, newcomer, line,
+                                 sizeof(line)) > 0,
+                    60000, "the newcomer (pid %d) received no state", newcomer);
+    const char *r = strstr(line, "in round ");
+    ck_assert_msg(r != NULL && sscanf(r, "in round %d", &round) == 1, "%s", line);
+    snprintf(in, sizeof(in), "in round %d\n", round);
+    TEST_WAIT_UNTIL(log_lines("a", "receives the state", in) +
+                            log_lines("b", "receives the state", in) == 3,
+                    10000, "not every member receives the state %s", in);
+    stop_and_kill(newcomer);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
+                  "the job did not finish exactly at world size 4");
+    ck_assert_int_eq(log_lines("a", "broke off in buffer 1 of 2", "state stays") +
+                         log_lines("b", "broke off in buffer 1 of 2", "state stays"),
+                     2);
+    snprintf(in, sizeof(in), "regroup into round %d failed", round);
+    ck_assert_msg(original_logged("a", in, -1), "node a did not go on from round %d", round);
+    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    check_pids("a", 2, 2);
+    pids_t p;
+    read_pids("b", &p);
+    ck_assert_int_eq(p.n_started, 3);   /* two newcomers, a replacement for the one killed */
+    for (int i = 0; i < p.n_started; i++) {
+        ck_assert_msg(test_pid_gone(p.started[i], 10000), "worker pid %d is left behind",
+                      p.started[i]);
+    }
 }
 END_TEST
 
@@ -604,6 +656,7 @@ int main(void)
     tcase_set_timeout(tx, 200);
     tcase_add_test(tx, test_inplace_source_killed_mid_transfer);
     tcase_add_test(tx, test_inplace_newcomer_killed_mid_transfer);
+    tcase_add_test(tx, test_inplace_joining_newcomer_killed_mid_transfer);
     suite_add_tcase(s, tx);
     return test_main("test_inplace", s, NULL);
 }
