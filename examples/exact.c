@@ -34,9 +34,9 @@
  * checkpoint, so that writes take a realistic time. --state-kb adds KB of replicated state
  * that goes over the group at every regroup (not into checkpoints): its words are a function
  * of the step, filled before a regroup and checked after it and at the end, so that a state
- * transfer that takes long enough to be broken off mid-way, and a torn one, are caught. --stop-file ends the job at the next
- * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
- * is then that of the epochs completed.
+ * transfer lasts long enough to be broken off mid-way, and a torn one is caught.
+ * --stop-file ends the job at the next epoch boundary once PATH exists (rank 0 decides, every
+ * rank follows); the expected vector is then that of the epochs completed.
  *
  * On a preemption notice (rg_report's RG_EMEMBERS with RG_NOTICE_PREEMPT: a node leaves) every
  * rank takes the last checkpoint of the step it reached (rg_train_leave) and exits: 0 with
@@ -319,9 +319,11 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
         if (fs != RG_OK) {
             return fs;
         }
-        buf[rs.n_bufs++] = (rg_train_buf_t){.data = extra.w, .bytes = extra.n * sizeof(uint64_t)};
+        buf[rs.n_bufs++] = (rg_train_buf_t){.data = extra.w,
+                                            .bytes = extra.n * sizeof(uint64_t)};
     }
-    buf[rs.n_bufs++] = (rg_train_buf_t){.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
+    buf[rs.n_bufs++] = (rg_train_buf_t){.data = state,
+                                        .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
     if (st == RG_OK && o->state_kb > 0) {
         st = extra_check(rs.step_out);
@@ -603,7 +605,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     fprintf(stderr, "rank %d: pid %d finished\n", rank, (int)getpid());
 out:
     free(extra.w);
-    extra.w = NULL;
+    extra = (extra_state_t){.step = -1};
     free(pad);
     if (trace != NULL) {
         fclose(trace);
