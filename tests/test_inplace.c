@@ -6,8 +6,9 @@
  * newcomer that receives it is killed in the middle of the transfer (the receivers' state
  * stays; the next round carries it); the survivors keep their processes (their pids finish
  * the job), nobody resumes from a checkpoint, and no process is left behind. Losing a node
- * below the minimum ends the job with a clear error within the join timeout. A program that does not regroup in place
- * is recovered by restarting, with a warning. rg-fmnist and rg_trainer_fit recover in place.
+ * below the minimum ends the job with a clear error within the join timeout. A program that
+ * does not regroup in place is recovered by restarting, with a warning. rg-fmnist and
+ * rg_trainer_fit recover in place.
  */
 #include "test_util.h"
 
