@@ -38,9 +38,12 @@
  * regroup moves it to its new owners. Rank 0 gathers it at the end and checks it too
  * ("table=1", part of exact=1).
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
- * checkpoint, so that writes take a realistic time. --stop-file ends the job at the next
- * epoch boundary once PATH exists (rank 0 decides, every rank follows); the expected vector
- * is then that of the epochs completed.
+ * checkpoint, so that writes take a realistic time. --state-kb adds KB of replicated state
+ * that goes over the group at every regroup (not into checkpoints): its words are a function
+ * of the step, filled before a regroup and checked after it and at the end, so that a state
+ * transfer lasts long enough to be broken off mid-way, and a torn one is caught.
+ * --stop-file ends the job at the next epoch boundary once PATH exists (rank 0 decides, every
+ * rank follows); the expected vector is then that of the epochs completed.
  *
  * On a preemption notice (rg_report's RG_EMEMBERS with RG_NOTICE_PREEMPT: a node leaves) every
  * rank takes the last checkpoint of the step it reached (rg_train_leave) and exits: 0 with
@@ -74,6 +77,7 @@ typedef struct {
     bool        kill_in_allreduce;
     int64_t     pad_kb;
     int64_t     table_rows;   /* the sharded table's rows; 0: none */
+    int64_t     state_kb;     /* --state-kb: the extra replicated state (extra_state_t) */
     int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
     const char *trainer_ckpt; /* the trainer's checkpoint root */
     const char *trace;
@@ -178,6 +182,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->table_rows, lo = 0, hi = 1 << 24;
         } else if (strcmp(a, "--pad-kb") == 0) {
             dst = &o->pad_kb, lo = 0, hi = 1 << 20;
+        } else if (strcmp(a, "--state-kb") == 0) {
+            dst = &o->state_kb, lo = 0, hi = 1 << 18;
         } else if (strcmp(a, "--trace") == 0) {
             o->trace = v;
             continue;
@@ -372,16 +378,77 @@ static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row
     return RG_OK;
 }
 
+/* --state-kb: words that are a function of the step they stand for (step -1: none yet, a
+ * replacement's zeros). Only regroups move them, so they are filled just before one. */
+typedef struct {
+    uint64_t *w;
+    size_t    n;
+    int64_t   step;
+} extra_state_t;
+
+static extra_state_t extra = {.step = -1};
+
+static uint64_t extra_word(int64_t step, size_t i)
+{
+    return mix((uint64_t)step * 0x100000001b3ull ^ mix(i));
+}
+
+/* The extra state, made to hold the step's words (a replacement's stay zeros). */
+static rg_status_t extra_fill(const options_t *o, int64_t step, bool joining)
+{
+    if (extra.w == NULL) {
+        extra.n = (size_t)o->state_kb * 1024 / sizeof(uint64_t);
+        extra.w = calloc(extra.n, sizeof(uint64_t));
+        if (extra.w == NULL) {
+            return rg_error(RG_ENOMEM, "%lld KiB of extra state", (long long)o->state_kb);
+        }
+    }
+    if (!joining && extra.step != step) {
+        for (size_t i = 0; i < extra.n; i++) {
+            extra.w[i] = extra_word(step, i);
+        }
+        extra.step = step;
+    }
+    return RG_OK;
+}
+
+/* Whether the extra state holds the words of `step`, as it must after a regroup to it. */
+static rg_status_t extra_check(int64_t step)
+{
+    for (size_t i = 0; i < extra.n; i++) {
+        if (extra.w[i] != extra_word(step, i)) {
+            return rg_error(RG_ECORRUPT, "the extra state differs from that of step %lld at "
+                            "word %zu of %zu", (long long)step, i, extra.n);
+        }
+    }
+    extra.step = step;
+    return RG_OK;
+}
+
 /* In place: every member brings its state (the vector after `step` steps, and the cursor)
  * into the next round; they go on from the state the members agreed on. */
 static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
                            rg_train_table_t *table, rg_data_cursor_t *cur, int64_t step,
                            const char *why)
 {
-    rg_train_buf_t buf = {.data = state, .bytes = sizeof(int64_t) * (size_t)o->dim};
-    rg_train_regroup_t rs = {.step = step, .bufs = &buf, .n_bufs = 1, .cursor = *cur,
+    rg_train_buf_t buf[2];
+    rg_train_regroup_t rs = {.step = step, .bufs = buf, .n_bufs = 0, .cursor = *cur,
                              .table = table};
+    if (o->state_kb > 0) {
+        /* First: a transfer that breaks off while it goes breaks off in buffer 1. */
+        rg_status_t fs = extra_fill(o, step, rg_train_joining(ctx));
+        if (fs != RG_OK) {
+            return fs;
+        }
+        buf[rs.n_bufs++] = (rg_train_buf_t){.data = extra.w,
+                                            .bytes = extra.n * sizeof(uint64_t)};
+    }
+    buf[rs.n_bufs++] = (rg_train_buf_t){.data = state,
+                                        .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
+    if (st == RG_OK && o->state_kb > 0) {
+        st = extra_check(rs.step_out);
+    }
     if (st != RG_OK) {
         return st;
     }
@@ -691,6 +758,9 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         regrouped = true;
     }
+    if (extra.w != NULL && (st = extra_check(extra.step)) != RG_OK) {
+        goto out;
+    }
     bool table_ok = true;
     if (table != NULL) {
         st = check_table(ctx, o, epochs, table, &table_ok);   /* collective */
@@ -722,6 +792,8 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     fprintf(stderr, "rank %d: pid %d finished\n", rank, (int)getpid());
 out:
     rg_train_table_destroy(table);
+    free(extra.w);
+    extra = (extra_state_t){.step = -1};
     free(pad);
     if (trace != NULL) {
         fclose(trace);

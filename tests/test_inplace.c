@@ -2,10 +2,13 @@
  * In-place recovery (`regroup --recovery=in-place`) through real processes, a real etcd and
  * real UCX: rg-exact ends with the exact expected vector after a worker is SIGKILLed between
  * steps, in the middle of an allreduce, twice in a row, and after a whole node (its agent) is
- * SIGKILLed; the survivors keep their processes (their pids finish the job), nobody resumes
- * from a checkpoint, and no process is left behind. Losing a node below the minimum ends the
- * job with a clear error within the join timeout. A program that does not regroup in place
- * is recovered by restarting, with a warning. rg-fmnist and rg_trainer_fit recover in place.
+ * SIGKILLed, and when the rank that sends the state, a replacement or a joining node's
+ * newcomer that receives it is killed in the middle of the transfer (the receivers' state
+ * stays; the next round carries it); the survivors keep their processes (their pids finish
+ * the job), nobody resumes from a checkpoint, and no process is left behind. Losing a node
+ * below the minimum ends the job with a clear error within the join timeout. A program that
+ * does not regroup in place is recovered by restarting, with a warning. rg-fmnist and
+ * rg_trainer_fit recover in place.
  */
 #include "test_util.h"
 
@@ -23,9 +26,11 @@
 static char dir[256];
 static char ckpt[300];
 static test_etcd_t etcd;
+static const char *node_state_kb = "0";   /* rg-exact's --state-kb on start_node's nodes */
 
 static void setup(void)
 {
+    node_state_kb = "0";
     test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "inplace");
 }
 
@@ -104,7 +109,7 @@ static void check_pids(const char *name, int world, int survivors)
 }
 
 /* rg-exact on one node of `world` workers, in place; extra: its fault options. */
-static void run_one_node(const char *name, int world, char *const *extra, int n_extra)
+static pid_t start_one_node(const char *name, int world, char *const *extra, int n_extra)
 {
     char np[32];
     char *argv[32] = {REGROUP_BIN, "--standalone", np, "--max-restarts=3",
@@ -116,7 +121,12 @@ static void run_one_node(const char *name, int world, char *const *extra, int n_
         argv[n++] = extra[i];
     }
     argv[n] = NULL;
-    pid_t pid = test_spawn_logged(dir, name, argv);
+    return test_spawn_logged(dir, name, argv);
+}
+
+/* The job of start_one_node ends exactly, in place. */
+static void end_one_node(const char *name, pid_t pid)
+{
     ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
     ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     ck_assert_msg(test_log_has(dir, name, "regrouped: "), "%s: nobody regrouped", name);
@@ -151,6 +161,11 @@ static long most_rows_from(const char *name, const char *what)
     }
     fclose(f);
     return most;
+}
+
+static void run_one_node(const char *name, int world, char *const *extra, int n_extra)
+{
+    end_one_node(name, start_one_node(name, world, extra, n_extra));
 }
 
 START_TEST(test_inplace_kill_between_steps)
@@ -202,6 +217,193 @@ START_TEST(test_inplace_table_owner_and_buddy_from_node_copies)
 }
 END_TEST
 
+/* The pid in the "[host:pid rank round]" prefix of the first line of the log that holds
+ * `text` and `also` (NULL: anything) and, when pid > 0, comes from that pid; -1 if none.
+ * copy (may be NULL) gets the line. */
+static int log_line_pid(const char *name, const char *text, const char *also, int pid,
+                        char *copy, size_t cap)
+{
+    char path[400];
+    char line[2048];
+    int found = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    while (found < 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *b = strstr(line, "] [");
+        const char *c = b != NULL ? strchr(b + 3, ':') : NULL;
+        int p;
+        if (c == NULL || strstr(line, text) == NULL || (also && !strstr(line, also)) ||
+            sscanf(c + 1, "%d", &p) != 1 || (pid > 0 && p != pid)) {
+            continue;
+        }
+        found = p;
+        if (copy != NULL) {
+            snprintf(copy, cap, "%s", line);
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* How many lines of the log hold `text` and `also`. */
+static int log_lines(const char *name, const char *text, const char *also)
+{
+    char path[400];
+    char line[2048];
+    int n = 0;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, text) != NULL && strstr(line, also) != NULL ? 1 : 0;
+    }
+    fclose(f);
+    return n;
+}
+
+/* The pid of the first replacement worker of the log, or -1. */
+static int first_replacement(const char *name)
+{
+    pids_t p;
+    if (!test_log_has(dir, name, "started (joining 1)")) {
+        return -1;   /* (also while the log is not made yet) */
+    }
+    read_pids(name, &p);
+    for (int i = 0; i < p.n_started; i++) {
+        if (p.joining[i]) {
+            return p.started[i];
+        }
+    }
+    return -1;
+}
+
+/* Whether a first worker (no replacement) other than `but` logged `text`. */
+static bool original_logged(const char *name, const char *text, int but)
+{
+    pids_t p;
+    read_pids(name, &p);
+    for (int i = 0; i < p.n_started; i++) {
+        if (!p.joining[i] && p.started[i] != but &&
+            log_line_pid(name, text, NULL, p.started[i], NULL, 0) > 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A state transfer that lasts: rg-exact's extra state of 32 MiB, sent by the ring in 64-byte
+ * segments one at a time, takes about half a second over shared memory, and the test sees
+ * its first line within milliseconds. The info level has the transfer's lines. */
+#define TRANSFER_STATE_KB "32768"
+
+static void transfer_env(bool slow)
+{
+    const char *vars[][2] = {{"REGROUP_LOG_LEVEL", "info"},
+                             {"REGROUP_COMM_SEGMENT_BYTES", "64"},
+                             {"REGROUP_COMM_RING_WINDOW", "1"}};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        if (slow) {
+            setenv(vars[i][0], vars[i][1], 1);
+        } else {
+            unsetenv(vars[i][0]);
+        }
+    }
+}
+
+/* Starts the one-node job of the transfer tests (rank 1 killed at step 32, so that a
+ * replacement joins and receives the state); once its replacement and the two other
+ * survivors receive the state in a round, *round is that round, *source the pid that sends
+ * it, and the replacement's pid is returned. */
+static int transfer_job(const char *name, pid_t *job, int *round, int *source)
+{
+    char *extra[] = {"--kill-at", "32", "--kill-rank", "1", "--state-kb", TRANSFER_STATE_KB};
+    char line[2048];
+    int pid;
+    transfer_env(true);
+    *job = start_one_node(name, 4, extra, 6);
+    transfer_env(false);
+    TEST_WAIT_UNTIL((pid = first_replacement(name)) > 0, 60000, "no replacement started");
+    TEST_WAIT_UNTIL(log_line_pid(name, "receives the state", NULL, pid, line, sizeof(line)) > 0,
+                    60000, "the replacement (pid %d) received no state", pid);
+    const char *r = strstr(line, "in round ");
+    ck_assert_msg(r != NULL && sscanf(r, "in round %d", round) == 1, "%s", line);
+    char in[64];
+    snprintf(in, sizeof(in), "in round %d\n", *round);
+    TEST_WAIT_UNTIL(log_lines(name, "receives the state", in) == 3, 10000,
+                    "not every survivor receives the state %s", in);
+    snprintf(in, sizeof(in), "to round %d\n", *round);
+    TEST_WAIT_UNTIL((*source = log_line_pid(name, "sends the state", in, -1, NULL, 0)) > 0,
+                    10000, "nobody sends the state %s", in);
+    return pid;
+}
+
+/* Frozen at once (nothing more goes out), then killed. */
+static void stop_and_kill(int pid)
+{
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+}
+
+/* The rank that sends the state to a replacement is killed in the middle of the transfer:
+ * the receivers' regroup fails (their scratch copy is dropped, their state stays), they go on
+ * to the next round, where another survivor sends the state; a second replacement joins,
+ * and the job ends exactly with the two remaining first workers. */
+START_TEST(test_inplace_source_killed_mid_transfer)
+{
+    pid_t job;
+    int round;
+    int source;
+    char text[128];
+    int newcomer = transfer_job("source", &job, &round, &source);
+    stop_and_kill(source);
+    end_one_node("source", job);
+    /* All three were receiving the 32 MiB (buffer 1): none got it. */
+    ck_assert_int_eq(log_lines("source", "broke off in buffer 1 of 2", "state stays"), 3);
+    ck_assert_msg(log_line_pid("source", "broke off in buffer 1 of 2", NULL, newcomer, NULL,
+                               0) > 0,
+                  "the replacement's transfer from pid %d was not broken off", source);
+    snprintf(text, sizeof(text), "regroup into round %d failed", round);
+    ck_assert_msg(log_line_pid("source", text, NULL, newcomer, NULL, 0) > 0,
+                  "the replacement did not go on from round %d", round);
+    pids_t p;
+    read_pids("source", &p);
+    ck_assert_msg(original(&p, source), "the source (pid %d) was a replacement", source);
+    ck_assert_int_eq(p.n_started, 6);   /* 4, a replacement for rank 1, one for the source */
+    check_pids("source", 4, 2);
+}
+END_TEST
+
+/* The replacement is killed while it receives the state: the survivors' regroup fails, they
+ * carry on without it, the agent replaces it again and the job ends exactly with the three
+ * survivors' processes. */
+START_TEST(test_inplace_newcomer_killed_mid_transfer)
+{
+    pid_t job;
+    int round;
+    char text[128];
+    int source;
+    int newcomer = transfer_job("newcomer", &job, &round, &source);
+    stop_and_kill(newcomer);
+    end_one_node("newcomer", job);
+    /* The two survivors that were receiving: the ring passes every chunk through each. */
+    ck_assert_int_eq(log_lines("newcomer", "broke off in buffer 1 of 2", "state stays"), 2);
+    ck_assert_msg(original_logged("newcomer", "broke off in buffer 1 of 2", source),
+                  "no survivor's transfer was broken off");
+    snprintf(text, sizeof(text), "regroup into round %d failed", round);
+    ck_assert_msg(original_logged("newcomer", text, -1),
+                  "no survivor went on from round %d", round);
+    pids_t p;
+    read_pids("newcomer", &p);
+    ck_assert_int_eq(p.n_started, 6);   /* 4, then a replacement twice */
+    check_pids("newcomer", 4, 3);
+}
+END_TEST
+
 static char ep_arg[600];
 
 /* The test's etcd, for start_node. */
@@ -218,7 +420,8 @@ static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
 {
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
                     "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
-                    "--epochs", "8", "--work", "400000", "--table-rows", "1000", NULL};
+                    "--epochs", "8", "--work", "400000", "--table-rows", "1000",
+                    "--state-kb", (char *)node_state_kb, NULL};
     return test_spawn_logged(dir, name, argv);
 }
 
@@ -377,6 +580,55 @@ START_TEST(test_inplace_node_joins)
                       "\"%s\" in a node's log: the job restarted", never[i]);
     }
     check_pids("a", 2, 2);
+}
+END_TEST
+
+/* A node joins, and one of its newcomers is killed while it receives the state: the
+ * members' regroup breaks off, they go on without it, its agent replaces it in place, and the
+ * job ends exactly at world 4 with node a's first workers. */
+START_TEST(test_inplace_joining_newcomer_killed_mid_transfer)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
+    char line[2048];
+    char in[64];
+    int round;
+    int newcomer;
+    job_etcd();
+    node_state_kb = TRANSFER_STATE_KB;
+    transfer_env(true);
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    wait_training();
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    transfer_env(false);
+    TEST_WAIT_UNTIL((newcomer = first_replacement("b")) > 0, 60000, "node b started no newcomer");
+    TEST_WAIT_UNTIL(log_line_pid("b", "receives the state", NULL, newcomer, line,
+                                 sizeof(line)) > 0,
+                    60000, "the newcomer (pid %d) received no state", newcomer);
+    const char *r = strstr(line, "in round ");
+    ck_assert_msg(r != NULL && sscanf(r, "in round %d", &round) == 1, "%s", line);
+    snprintf(in, sizeof(in), "in round %d\n", round);
+    TEST_WAIT_UNTIL(log_lines("a", "receives the state", in) +
+                            log_lines("b", "receives the state", in) == 3,
+                    10000, "not every member receives the state %s", in);
+    stop_and_kill(newcomer);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
+                  "the job did not finish exactly at world size 4");
+    ck_assert_int_eq(log_lines("a", "broke off in buffer 1 of 2", "state stays") +
+                         log_lines("b", "broke off in buffer 1 of 2", "state stays"),
+                     2);
+    snprintf(in, sizeof(in), "regroup into round %d failed", round);
+    ck_assert_msg(original_logged("a", in, -1), "node a did not go on from round %d", round);
+    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    check_pids("a", 2, 2);
+    pids_t p;
+    read_pids("b", &p);
+    ck_assert_int_eq(p.n_started, 3);   /* two newcomers, a replacement for the one killed */
+    for (int i = 0; i < p.n_started; i++) {
+        ck_assert_msg(test_pid_gone(p.started[i], 10000), "worker pid %d is left behind",
+                      p.started[i]);
+    }
 }
 END_TEST
 
@@ -591,5 +843,13 @@ int main(void)
     tcase_add_test(tc, test_inplace_trainer_fit);
     tcase_add_test(tc, test_inplace_fmnist);
     suite_add_tcase(s, tc);
+    /* A case of its own: CK_RUN_CASE=transfer runs these alone. */
+    TCase *tx = tcase_create("transfer");
+    tcase_add_checked_fixture(tx, setup, teardown);
+    tcase_set_timeout(tx, 200);
+    tcase_add_test(tx, test_inplace_source_killed_mid_transfer);
+    tcase_add_test(tx, test_inplace_newcomer_killed_mid_transfer);
+    tcase_add_test(tx, test_inplace_joining_newcomer_killed_mid_transfer);
+    suite_add_tcase(s, tx);
     return test_main("test_inplace", s, NULL);
 }

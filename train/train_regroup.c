@@ -244,8 +244,16 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
             st = rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
         }
     }
+    if (is_source) {
+        rg_info("regroup: rank %d sends the state of step %lld (%zu bytes) to round %d",
+                ctx->rank, (long long)best, total, ctx->round);
+    } else {
+        rg_info("regroup: rank %d receives the state of step %lld (%zu bytes) from rank %d "
+                "in round %d", ctx->rank, (long long)best, total, source, ctx->round);
+    }
     size_t off = 0;
-    for (size_t i = 0; i < rs->n_bufs && st == RG_OK; i++) {
+    size_t i = 0;
+    for (; i < rs->n_bufs && st == RG_OK; i++) {
         void *dst = is_source ? rs->bufs[i].data : scratch + off;
         if (rs->bufs[i].bytes > 0) {
             st = rg_comm_broadcast(ctx->comm, dst, rs->bufs[i].bytes, RG_DTYPE_U8, source,
@@ -258,6 +266,11 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
          * state stays as it was. */
         free(scratch);
         train_table_view_free(view);
+        if (!is_source && i > 0) {
+            rg_info("regroup: the state from rank %d broke off in buffer %zu of %zu: this "
+                    "rank's state stays that of step %lld", source, i, rs->n_bufs,
+                    (long long)*my_step);
+        }
         return st;
     }
     if (!is_source) {
