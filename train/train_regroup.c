@@ -262,8 +262,10 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         off += rs->bufs[i].bytes;
     }
     if (st != RG_OK) {
-        /* The group is unusable: UCX writes no more (comm.h) once destroyed. This member's
-         * state stays as it was. */
+        /* The group is unusable. Destroyed first: UCX writes no more into a failed
+         * operation's buffers once it is (comm.h). This member's state stays as it was. */
+        rg_comm_destroy(ctx->comm);
+        ctx->comm = NULL;
         free(scratch);
         train_table_view_free(view);
         if (!is_source && i > 0) {
