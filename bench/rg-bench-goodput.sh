@@ -23,7 +23,9 @@
 # restart), and one with the load averages at the start and the end. Holds
 # /tmp/regroup-bench.lock so that no two benchmarks run at once.
 #
-# cost_per_kill_s is (faulty - fault-free job time) / kills, per repetition. --keep DIR keeps
+# cost_per_kill_s is (faulty - fault-free job time) / kills, per repetition; regroup_s, in
+# place, the time each of rank 0's regroups took (its "regrouped in place ... in S s" line),
+# over every faulty run. --keep DIR keeps
 # every run's log (and the kills: "MS PID" per line) under DIR.
 #
 #   bench/rg-bench-goodput.sh [--build DIR] [--reps N] [--epochs E] [-n WORKERS]
@@ -205,7 +207,7 @@ done
 
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$epochs" "$every_ms" "$max_kills" \
     "$here/.." "$build" "$load_start" <<'EOF'
-import json, os, sys
+import json, os, re, sys
 from rg_bench_steps import build_meta, stats
 out, reps, n, epochs, every_ms, max_kills = sys.argv[1], *map(int, sys.argv[2:7])
 meta = build_meta(sys.argv[7], sys.argv[8])
@@ -215,11 +217,17 @@ for line in open(os.path.join(out, "runs.txt")):
     runs[(mode, int(rep), kind)] = {"job_s": int(ms) / 1000.0, "kills": int(kills),
                                     "acc": float(acc), "resumed": int(resumed),
                                     "regrouped": int(regrouped), "restarts": int(restarts)}
+REGROUP = re.compile(r"regrouped in place from round \d+ into round \d+: rank 0 of \d+, .* in ([0-9.]+) s$")
+def regroup_s(mode, rep):
+    with open(os.path.join(out, f"{mode}-{rep}-faulty", "log"), errors="replace") as f:
+        return [float(m.group(1)) for m in map(REGROUP.search, f) if m]
 goodput = {}
 for mode in ("restart", "in-place"):
     clean = [runs[(mode, r, "clean")] for r in range(reps)]
     faulty = [runs[(mode, r, "faulty")] for r in range(reps)]
     goodput[mode] = [c["job_s"] / f["job_s"] for c, f in zip(clean, faulty)]
+    regroups = [x for r in range(reps) for x in regroup_s(mode, r)]
+    extra = {"regroup_s": stats(regroups)} if regroups else {}
     print(json.dumps({
         "bench": "goodput", "workload": "rg-fmnist", "mode": mode, "workers": n,
         "epochs": epochs, "kill_every_s": every_ms / 1000.0, "reps": reps,
@@ -235,7 +243,7 @@ for mode in ("restart", "in-place"):
         "full_restarts_total": sum(f["restarts"] for f in faulty),
         "regrouped_in_place_total": sum(f["regrouped"] for f in faulty),
         "test_accuracy_clean": stats([c["acc"] for c in clean]),
-        "test_accuracy_faulty": stats([f["acc"] for f in faulty]), **meta}))
+        "test_accuracy_faulty": stats([f["acc"] for f in faulty]), **extra, **meta}))
 ratios = [i / r for i, r in zip(goodput["in-place"], goodput["restart"])]
 print(json.dumps({"bench": "goodput", "workload": "rg-fmnist",
                   "goodput_ratio_in_place_over_restart": stats(ratios), "reps": reps,
