@@ -165,6 +165,7 @@ kill_loop() {
 run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     local d="$out/$1-$2-$3" t0 t1 acc resumed regrouped rounds
     mkdir -p "$d/ckpt"
+    : >"$d/log"   # there before the kill loop reads it (the child opens it after the fork)
     t0=$(now_ms)
     REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
         --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
