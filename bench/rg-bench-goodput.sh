@@ -127,10 +127,17 @@ wait_line() {
     done
 }
 
+# Whether the faulty run of log $1 goes on: the agent runs, rank 0 has not printed its final
+# accuracy, and the job's deadline (job_deadline, ms) has not passed.
+running() {
+    kill -0 "$agent" 2>/dev/null && ! grep -aq '^test_accuracy=' "$1" &&
+        (( $(now_ms) < job_deadline ))
+}
+
 # The fault loop of a faulty run (log $1): sets kills. Returns once the training is over,
-# the agent has exited, or max_kills were delivered.
+# the agent has exited, the job's deadline has passed, or max_kills were delivered.
 kill_loop() {
-    local log=$1 etcd next v gone
+    local log=$1 etcd next v gone missed=0
     wait_line "$log" 'private etcd at .* \(pid [0-9]+,'
     etcd=$(sed -nE 's/.*private etcd at .* \(pid ([0-9]+),.*/\1/p' "$log" | head -1)
     wait_line "$log" 'round 0: started [0-9]+ workers'
@@ -139,12 +146,12 @@ kill_loop() {
     while ((kills < max_kills)); do
         # The interval between kills is the workload; the job's end cuts it short.
         while (( $(now_ms) < next )); do
-            kill -0 "$agent" 2>/dev/null && ! grep -aq '^test_accuracy=' "$log" || return 0
+            running "$log" || return 0
             sleep 0.02
         done
         find_workers "$agent" "$etcd"
         while ((${#live[@]} == 0)); do   # between a restart's rounds: wait for its workers
-            kill -0 "$agent" 2>/dev/null && ! grep -aq '^test_accuracy=' "$log" || return 0
+            running "$log" || return 0
             sleep 0.01
             find_workers "$agent" "$etcd"
         done
@@ -158,7 +165,10 @@ kill_loop() {
             kills=$((kills + 1))
             echo "$(now_ms) $v" >>"$log.kills"
             next=$(( $(now_ms) + every_ms ))
-        fi   # else it exited between the look and the kill: pick again at once
+        else   # it exited between the look and the kill: pick again at once
+            missed=$((missed + 1))
+            ((missed < 10000)) || fail "$log: 10000 workers gone before their kill"
+        fi
     done
 }
 
@@ -167,6 +177,7 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     mkdir -p "$d/ckpt"
     : >"$d/log"   # there before the kill loop reads it (the child opens it after the fork)
     t0=$(now_ms)
+    job_deadline=$((t0 + 600000))
     REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
         --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
         "$build/examples/rg-fmnist" --epochs "$epochs" >"$d/log" 2>&1 &
@@ -175,7 +186,7 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     if [[ "$3" == faulty ]]; then
         kill_loop "$d/log"
     fi
-    rg_bench_wait_child "$agent" 600000
+    rg_bench_wait_child "$agent" $((job_deadline > $(now_ms) ? job_deadline - $(now_ms) : 0))
     t1=$(now_ms)
     agent=
     [[ "$rc" == 0 ]] || { rg_bench_show "$d/log"; fail "$d: regroup exited $rc"; }
