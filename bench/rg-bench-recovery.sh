@@ -13,10 +13,9 @@
 #
 #   bench/rg-bench-recovery.sh [--build DIR] [--reps N] [--work W] [-n WORKERS]
 set -euo pipefail
-if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
-    RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
-fi
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh"
+rg_bench_lock "$@"
 build="$here/../build"
 reps=5
 work=20000
@@ -30,7 +29,7 @@ while (($#)); do
         *) echo "usage: $0 [--build DIR] [--reps N] [--work W] [-n WORKERS]" >&2; exit 2 ;;
     esac
 done
-((reps >= 5)) || { echo "--reps must be at least 5 (medians of 5 or more)" >&2; exit 2; }
+rg_bench_check_reps "$reps"
 [[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
     echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
 out=$(mktemp -d /tmp/rg-bench-recovery.XXXXXX)

@@ -27,10 +27,9 @@
 #   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
 #                           [--scenario join|loss|both]
 set -euo pipefail
-if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
-    RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
-fi
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh"
+rg_bench_lock "$@"
 build="$here/../build"
 reps=5
 work=100000
@@ -52,8 +51,7 @@ while (($#)); do
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
-[[ "$reps" =~ ^[0-9]+$ ]] && ((reps >= 5 && reps <= 100)) ||
-    { echo "--reps must be 5..100 (medians of 5 or more)" >&2; exit 2; }
+rg_bench_check_reps "$reps"
 [[ "$at" =~ ^[0-9]+$ ]] && ((at >= 2)) || { echo "--at must be at least 2" >&2; exit 2; }
 [[ "$epochs" =~ ^[0-9]+$ && "$work" =~ ^[0-9]+$ ]] && ((epochs >= 1)) ||
     { echo "--epochs and --work must be whole numbers (epochs >= 1)" >&2; exit 2; }
@@ -93,11 +91,11 @@ for _ in $(seq 100); do
 done
 ((up)) || { echo "etcd did not become healthy in 10 s:" >&2; tail -5 "$out/etcd.log" >&2; exit 1; }
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+load_start=$(rg_bench_loadavg)
 
-now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-fail() { echo "rg-bench-scale: $*" >&2; exit 1; }
-show() { for f in "$@"; do echo "--- $f" >&2; tail -20 "$f" >&2; done; }
+now_ms() { rg_bench_now_ms; }
+fail() { rg_bench_fail "$@"; }
+show() { rg_bench_show "$@"; }
 
 # Node $2's agent for run directory $1 (mode $3, job id $4, --rdzv-conf $5), in the
 # background; its pid (the agent's own: b's is SIGKILLed) is appended to pids. Every agent's
@@ -121,18 +119,7 @@ wait_steps() {
 }
 
 # Waits for agent $1 (300 s at most; then it is killed) and sets rc to its exit status.
-wait_agent() {
-    local deadline=$(( $(now_ms) + 300000 ))
-    while kill -0 "$1" 2>/dev/null; do
-        if (( $(now_ms) >= deadline )); then
-            kill -KILL "$1" 2>/dev/null || true
-            break
-        fi
-        sleep 0.02
-    done
-    rc=0
-    wait "$1" || rc=$?
-}
+wait_agent() { rg_bench_wait_child "$1" 300000; }
 
 # The run's result: exactly one exact= line, exact=1 at world size $2.
 check_exact() {

@@ -1,0 +1,47 @@
+# shellcheck shell=bash disable=SC2034 # rc is set for the caller
+# Shell pieces the bench scripts share; sourced (bash), never run. The caller sets
+# `set -euo pipefail` first. Holds no state of its own beyond the functions.
+#
+#   . "$(dirname "$0")/bench_lib.sh"
+#   rg_bench_lock "$@"        # first: re-runs the script under /tmp/regroup-bench.lock
+#   rg_bench_check_reps "$reps"
+
+# Re-runs the calling script under flock /tmp/regroup-bench.lock (once: RG_BENCH_LOCKED marks
+# the locked run), so that no two benchmarks run at once. Pass the script's "$@".
+rg_bench_lock() {
+    if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
+        RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
+    fi
+}
+
+# Exits 2 unless $1 is a whole number 5..100: every figure is a median of 5 or more.
+rg_bench_check_reps() {
+    [[ "$1" =~ ^[0-9]+$ ]] && (($1 >= 5 && $1 <= 100)) ||
+        { echo "--reps must be 5..100 (medians of 5 or more)" >&2; exit 2; }
+}
+
+rg_bench_now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# Prints "${0##*/}: MESSAGE" on stderr and exits 1.
+rg_bench_fail() { echo "${0##*/}: $*" >&2; exit 1; }
+
+# The last 20 lines of each file named, on stderr.
+rg_bench_show() { for f in "$@"; do echo "--- $f" >&2; tail -20 "$f" >&2; done; }
+
+# The load averages (1, 5, 15 minutes), space-separated.
+rg_bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# Waits for background child $1 for at most $2 ms (then it is SIGKILLed) and sets rc to its
+# exit status (137 when it was killed).
+rg_bench_wait_child() {
+    local deadline=$(( $(rg_bench_now_ms) + $2 ))
+    while kill -0 "$1" 2>/dev/null; do
+        if (( $(rg_bench_now_ms) >= deadline )); then
+            kill -KILL "$1" 2>/dev/null || true
+            break
+        fi
+        sleep 0.02
+    done
+    rc=0
+    wait "$1" || rc=$?
+}
