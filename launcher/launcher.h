@@ -360,8 +360,8 @@ void        launcher_inplace_close(launcher_inplace_t *ip);
 void        launcher_inplace_reset(launcher_inplace_t *ip, int nproc);
 /* Reads the workers' messages (non-blocking). */
 void        launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws);
-/* Whether every live worker of this node said it regroups in place (else: why, for the
- * warning that the job recovers by restarting). */
+/* Whether every live worker of this node said it regroups in place, a replacement still
+ * starting aside (else: why, for the warning that the job recovers by restarting). */
 bool        launcher_inplace_capable(const launcher_inplace_t *ip, const launcher_workers_t *ws,
                                      char *why, size_t len);
 /* Whether every live member of the round assigned is in its group (or they had

@@ -177,7 +177,8 @@ static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
         if (rg_rdzv_report_failure(ag->rdzv, &f) != RG_OK) {
             rg_warn("cannot record the failure in etcd: %s", rg_last_error());
         }
-        if (!ag->ip.capable[i] && capable) {
+        if (!ag->ip.capable[i] && ag->ip.state[i] != INPLACE_PENDING && capable) {
+            /* (a replacement that died while starting is simply replaced again) */
             capable = false;
             snprintf(why, sizeof(why), "local rank %d (pid %d) had not said it regroups in "
                      "place", i, (int)w->pid);
@@ -237,6 +238,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         for (int i = 0; i < cfg->nproc; i++) {
             rg_beat_host_reset(&ag->beat, i);   /* armed by each new worker's first beat */
         }
+        if (ag->ip.enabled) {
+            /* Before they start: what the new workers say at once is theirs to keep. */
+            launcher_inplace_reset(&ag->ip, cfg->nproc);
+        }
         st = launcher_workers_start(&ag->ws, &sp, &ag->child_mask);
         if (st != RG_OK) {
             ag->error = st;   /* "cannot run PROGRAM: why", "cannot start workers: fork: ..." */
@@ -248,7 +253,6 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1,
                 asg->world_size, asg->restart_count);
         if (ag->ip.enabled) {   /* (their first group is made in rg_train_init) */
-            launcher_inplace_reset(&ag->ip, cfg->nproc);
             launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
         }
     }

@@ -190,7 +190,10 @@ bool launcher_inplace_capable(const launcher_inplace_t *ip, const launcher_worke
                               char *why, size_t len)
 {
     for (int i = 0; i < ws->n; i++) {
-        if (ws->w[i].running && ip->state[i] != INPLACE_EXITED && !ip->capable[i]) {
+        /* (A replacement still starting is in no round and holds nothing: it replaces a
+         * worker that said it regroups in place, and joins once ready.) */
+        if (ws->w[i].running && ip->state[i] != INPLACE_EXITED &&
+            ip->state[i] != INPLACE_PENDING && !ip->capable[i]) {
             snprintf(why, len, "local rank %d (pid %d) does not regroup in place (a program "
                      "that does not use libregroup's rg_train_regroup, or not started yet)",
                      i, (int)ws->w[i].pid);
@@ -415,13 +418,15 @@ launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *
     int64_t tick = launcher_hang_tick_ms(cfg, RG_MAX(1, RG_MIN(cfg->monitor_ms,
                                                                cfg->lease_ttl_s * 1000 / 4)));
 
+    /* Before they start: a newcomer that is ready at once says so on the pipe, which the
+     * reset drains (it said nothing, otherwise, and timed out). */
+    launcher_inplace_reset(e->ip, cfg->nproc);
     rg_status_t st = launcher_workers_start(e->ws, sp, child_mask);
     if (st != RG_OK) {
         e->ip->error = st;   /* "cannot run PROGRAM: why" */
         fprintf(stderr, "regroup: %s\n", rg_last_error());
         return INPLACE_ERROR;
     }
-    launcher_inplace_reset(e->ip, cfg->nproc);
     for (int i = 0; i < e->ws->n; i++) {
         e->ip->state[i] = INPLACE_PENDING;
     }

@@ -79,9 +79,13 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     size_t k = 0;
 
     memset(e, 0, sizeof(*e));
-    env_add(e, "RANK", "%d", w->rank);
+    /* A newcomer (a replacement, a joining node's worker) is in no round: rg_train_regroup
+     * gives it its rank and world size. Until then it gets its local rank of its node's
+     * workers, which is valid whatever the running round's size (its rank in that round
+     * could be past the round's world size, which rg_train_init refuses). */
+    env_add(e, "RANK", "%d", sp->join ? w->local_rank : w->rank);
     env_add(e, "LOCAL_RANK", "%d", w->local_rank);
-    env_add(e, "WORLD_SIZE", "%d", a->world_size);
+    env_add(e, "WORLD_SIZE", "%d", sp->join ? cfg->nproc : a->world_size);
     env_add(e, "LOCAL_WORLD_SIZE", "%d", cfg->nproc);
     env_add(e, "GROUP_RANK", "%d", a->group_rank);
     env_add(e, "GROUP_WORLD_SIZE", "%d", a->group_world);

@@ -632,6 +632,29 @@ START_TEST(test_inplace_joining_newcomer_killed_mid_transfer)
 }
 END_TEST
 
+/* A node with more workers than the running job has ranks joins in place: its newcomers'
+ * provisional ranks (in no round yet) are valid, so none fails to start (before, the second
+ * got RANK=1 in a world of 1 and the node joined by the restart path). */
+START_TEST(test_inplace_bigger_node_joins)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
+    job_etcd();
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=1", conf);
+    wait_training();
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=3"),
+                  "the job did not finish exactly at world size 3");
+    ck_assert_msg(test_log_has(dir, "b", "received from rank"),
+                  "node b's workers received no state");
+    ck_assert_msg(!test_log_has(dir, "a", "resumed from step") &&
+                      !test_log_has(dir, "b", "resumed from step"),
+                  "the job restarted from a checkpoint");
+    check_pids("a", 1, 1);
+}
+END_TEST
+
 /* A preempted node (SIGTERM to its agent) in an in-place job: every rank takes the last
  * checkpoint of the step they all reached, the leaving node's workers exit, and the others
  * regroup without it in their own processes; nothing is redone from disk. */
@@ -835,6 +858,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_table_owner_and_buddy_from_node_copies);
     tcase_add_test(tc, test_inplace_table_lost_falls_back_to_disk);
     tcase_add_test(tc, test_inplace_node_joins);
+    tcase_add_test(tc, test_inplace_bigger_node_joins);
     tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_sigterm_while_rejoining);
