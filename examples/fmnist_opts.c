@@ -13,7 +13,7 @@ static int usage(const char *argv0, bool distributed, const char *why)
             "%s: %s\nusage: %s [--epochs N] [--batch B] [--lr LR] [--seed S]\n"
             "       [--schedule cosine|constant] [--data DIR] [--log-every STEPS]%s\n",
             argv0, why, argv0,
-            distributed ? "\n       [--ckpt-every STEPS] [--kill-at STEP [--kill-rank R]]"
+            distributed ? "\n       [--ckpt-every STEPS] [--kill-at STEP|start [--kill-rank R]]"
                           " [--stop-file PATH]" : "");
     return 2;
 }
@@ -50,7 +50,9 @@ int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options
         } else if (distributed && strcmp(a, "--ckpt-every") == 0) {
             ok = example_parse_i64(v, &o->ckpt_every) && o->ckpt_every >= 1;
         } else if (distributed && strcmp(a, "--kill-at") == 0) {
-            ok = example_parse_i64(v, &o->kill_at) && o->kill_at >= 0;
+            o->kill_at = FMNIST_KILL_AT_START;
+            ok = strcmp(v, "start") == 0 || (example_parse_i64(v, &o->kill_at) &&
+                                              o->kill_at >= 0);
         } else if (distributed && strcmp(a, "--stop-file") == 0) {
             o->stop_file = v;
         } else if (distributed && strcmp(a, "--kill-rank") == 0) {

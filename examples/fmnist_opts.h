@@ -18,10 +18,13 @@ typedef struct {
     const char *data_dir;
     /* distributed trainer only */
     int64_t     ckpt_every;  /* steps between checkpoints */
-    int64_t     kill_at;     /* global step at which kill_rank SIGKILLs itself (first attempt) */
+    int64_t     kill_at;     /* global step at which kill_rank SIGKILLs itself (first attempt),
+                                or FMNIST_KILL_AT_START: before training (--kill-at start) */
     int64_t     kill_rank;
     const char *stop_file;   /* ends the job at the next epoch boundary once it exists */
 } fmnist_options_t;
+
+#define FMNIST_KILL_AT_START (-2)
 
 /* Parses argv; distributed enables --ckpt-every, --kill-at, --kill-rank and --stop-file. Returns 0, or 2
  * after printing a message naming the bad option. */

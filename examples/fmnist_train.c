@@ -75,8 +75,9 @@ static void state_tensors(trainer_t *t, rg_ckpt_tensor_t out[N_STATE], size_t *n
     *n_out = k;
 }
 
-/* Restores the newest checkpoint, if any: every rank reads all rows (the model is replicated). */
-static rg_status_t resume(trainer_t *t, rg_data_cursor_t *cur, bool *resumed)
+/* Restores the newest checkpoint, if any: every rank reads all rows (the model is replicated).
+ * *untouched: a failure left the state as it started (the group failed before any read). */
+static rg_status_t resume(trainer_t *t, rg_data_cursor_t *cur, bool *resumed, bool *untouched)
 {
     int64_t step;
     int64_t adam_steps = 0;
@@ -84,12 +85,14 @@ static rg_status_t resume(trainer_t *t, rg_data_cursor_t *cur, bool *resumed)
     rg_status_t st = rg_get_checkpoint(t->ctx, &step);
 
     *resumed = false;
+    *untouched = true;
     if (st == RG_ENOENT) {
         return RG_OK;
     }
     if (st != RG_OK) {
         return st;
     }
+    *untouched = false;
     size_t bytes = t->n * sizeof(float);
     rg_ckpt_request_t reqs[4] = {
         {.name = "params", .dtype = RG_DTYPE_F32, .row_begin = 0, .row_count = t->n,
@@ -171,7 +174,30 @@ static rg_status_t train(trainer_t *t, const fmnist_options_t *o, const rg_datas
         rank = rg_train_rank(ctx);
         world = rg_train_world_size(ctx);
     } else {
-        st = resume(t, &cur, &resumed);
+        bool untouched;
+        if (o->kill_at == FMNIST_KILL_AT_START && rank == o->kill_rank &&
+            rg_train_restart_count(ctx) == 0) {
+            fprintf(stderr, "rank %d: killing myself before training (--kill-at start)\n",
+                    rank);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+        st = resume(t, &cur, &resumed, &untouched);
+        int64_t *saved = NULL;
+        size_t n_saved = 0;
+        if (untouched && rg_train_in_place(ctx) && (st == RG_EPEER || st == RG_ETIMEDOUT) &&
+            (rg_train_ckpt_root(ctx) == NULL ||
+             (rg_ckpt_list(rg_train_ckpt_root(ctx), &saved, &n_saved) == RG_OK &&
+              n_saved == 0))) {
+            /* A peer died before training began in a job that has no checkpoint yet: regroup
+             * with the starting state (every member's: no step was taken). With one, the job
+             * restarts from it instead (which step every member read is not known). */
+            st = regroup(t, 0, &cur, "a peer failed before training");
+            comm = rg_train_comm(ctx);
+            rank = rg_train_rank(ctx);
+            world = rg_train_world_size(ctx);
+        }
+        free(saved);
     }
     if (st != RG_OK) {
         return st;

@@ -827,6 +827,26 @@ START_TEST(test_inplace_fmnist)
 }
 END_TEST
 
+/* A worker dies before training begins (rank 0 is in rg_get_checkpoint's broadcast): the
+ * others regroup with their starting state instead of failing (before, rank 0 exited on
+ * RG_EPEER and the job went the restart path). */
+START_TEST(test_inplace_fmnist_kill_before_training)
+{
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=3", "--max-restarts=2",
+                    "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
+                    "100", "--kill-at", "start", "--kill-rank", "1", NULL};
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "fmstart", argv), 240000), 0);
+    ck_assert(test_log_has(dir, "fmstart", "killing myself before training"));
+    ck_assert_msg(test_log_has(dir, "fmstart", "regrouped in place (a peer failed before "
+                               "training): round 1 world 2, step 0"),
+                  "the survivors did not regroup before training");
+    ck_assert(!test_log_has(dir, "fmstart", "resumed from checkpoint"));
+    ck_assert(!test_log_has(dir, "fmstart", "failed (exit code"));
+    ck_assert(test_log_has(dir, "fmstart", "test_accuracy=0.8"));
+}
+END_TEST
+
 /* --print-config shows the choice and where it came from. */
 START_TEST(test_inplace_print_config)
 {
@@ -866,6 +886,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_non_api_worker);
     tcase_add_test(tc, test_inplace_trainer_fit);
     tcase_add_test(tc, test_inplace_fmnist);
+    tcase_add_test(tc, test_inplace_fmnist_kill_before_training);
     suite_add_tcase(s, tc);
     /* A case of its own: CK_RUN_CASE=transfer runs these alone. */
     TCase *tx = tcase_create("transfer");
