@@ -11,7 +11,12 @@
 # end with exact=1 fails the benchmark. Holds /tmp/regroup-bench.lock so that no two
 # benchmarks run at once.
 #
+# --table-rows N gives rg-exact a sharded table of N rows too (rg_train_table_t: committed
+# at every step, moved to its new owners by an in-place regroup, checkpointed in restart
+# mode), so that the two runs show what the table costs.
+#
 #   bench/rg-bench-recovery.sh [--build DIR] [--reps N] [--work W] [-n WORKERS]
+#                              [--table-rows N]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/bench_lib.sh"
@@ -20,16 +25,20 @@ build="$here/../build"
 reps=5
 work=20000
 n=4
+table=0
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
         -n) n=$2; shift 2 ;;
-        *) echo "usage: $0 [--build DIR] [--reps N] [--work W] [-n WORKERS]" >&2; exit 2 ;;
+        --table-rows) table=$2; shift 2 ;;
+        *) echo "usage: $0 [--build DIR] [--reps N] [--work W] [-n WORKERS]" \
+                "[--table-rows N]" >&2; exit 2 ;;
     esac
 done
 rg_bench_check_reps "$reps"
+[[ "$table" =~ ^[0-9]+$ ]] || { echo "--table-rows must be a number of rows" >&2; exit 2; }
 [[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
     echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
 out=$(mktemp -d /tmp/rg-bench-recovery.XXXXXX)
@@ -44,10 +53,13 @@ run() { # $1 = mode (restart|in-place), $2 = repetition
     REGROUP_CKPT_DIR="$d/ckpt" timeout 300 "$build/regroup" --standalone \
         --nproc-per-node="$n" --max-restarts=3 --recovery="$1" \
         "$build/examples/rg-exact" --work "$work" --kill-at 40 --kill-rank 1 \
+        --table-rows "$table" \
         --step-log "$d/steps.txt" >"$d/log" 2>&1 || { echo "run $1 $2 failed:" >&2;
                                                      tail -20 "$d/log" >&2; exit 1; }
     t1=$(date +%s%N)
     grep -q "exact=1" "$d/log" || { echo "run $1 $2: not exact" >&2; exit 1; }
+    ((table == 0)) || grep -q "table=1" "$d/log" || {
+        echo "run $1 $2: the table is not exact" >&2; exit 1; }
     echo "$1 $2 $(( (t1 - t0) / 1000000 ))" >>"$out/jobs.txt"
 }
 
@@ -55,11 +67,13 @@ for ((r = 0; r < reps; r++)); do
     if ((r % 2 == 0)); then run restart "$r"; run in-place "$r"; else run in-place "$r"; run restart "$r"; fi
 done
 
-PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$work" "$here/.." "$build" <<'EOF'
+PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$work" "$here/.." "$build" \
+    "$table" <<'EOF'
 import json, os, sys
 from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, n, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 meta = build_meta(sys.argv[5], sys.argv[6])
+meta["table_rows"] = int(sys.argv[7])
 jobs = {}
 for line in open(os.path.join(out, "jobs.txt")):
     mode, rep, ms = line.split()

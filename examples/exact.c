@@ -37,6 +37,8 @@
  * node; a failed commit leaves the step undone) and saves in checkpoints; in place the
  * regroup moves it to its new owners. Rank 0 gathers it at the end and checks it too
  * ("table=1", part of exact=1).
+ * --join-delay-ms MS makes a newcomer (a replacement, a joining node's worker) take MS before
+ * it joins, as a program that loads a model and its data would.
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --state-kb adds KB of replicated state
  * that goes over the group at every regroup (not into checkpoints): its words are a function
@@ -77,6 +79,7 @@ typedef struct {
     bool        kill_in_allreduce;
     int64_t     pad_kb;
     int64_t     table_rows;   /* the sharded table's rows; 0: none */
+    int64_t     join_delay_ms;/* a newcomer's time to get ready (loading a model, say) */
     int64_t     state_kb;     /* --state-kb: the extra replicated state (extra_state_t) */
     int64_t     trainer;      /* > 0: run under rg_trainer_fit with this many workers */
     const char *trainer_ckpt; /* the trainer's checkpoint root */
@@ -178,6 +181,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->kill_rank, lo = 0, hi = 4096;
         } else if (strcmp(a, "--kill-rank2") == 0) {
             dst = &o->kill_rank2, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--join-delay-ms") == 0) {
+            dst = &o->join_delay_ms, lo = 0, hi = 600000;
         } else if (strcmp(a, "--table-rows") == 0) {
             dst = &o->table_rows, lo = 0, hi = 1 << 24;
         } else if (strcmp(a, "--pad-kb") == 0) {
@@ -516,6 +521,12 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
     uint32_t row0;
     uint32_t rows;
     bool joined = rg_train_joining(ctx);
+    if (joined && o->join_delay_ms > 0) {
+        /* What a real program does before it can join: load its model, its data. */
+        struct timespec ts = {.tv_sec = o->join_delay_ms / 1000,
+                              .tv_nsec = (o->join_delay_ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+    }
     if (joined) {
         /* A replacement in an in-place job: the state comes from a survivor. */
         st = regroup(ctx, o, state, table, &cur, 0, "a replacement joined");

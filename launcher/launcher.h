@@ -341,6 +341,8 @@ typedef struct {
     launcher_inplace_state_t state[LAUNCHER_MAX_NPROC];
     bool  capable[LAUNCHER_MAX_NPROC];      /* the worker said it regroups in place */
     bool  joined[LAUNCHER_MAX_NPROC];       /* it is in the group of the round assigned */
+    bool  fresh[LAUNCHER_MAX_NPROC];        /* a replacement or newcomer that has been in no
+                                               group yet: it holds no state */
     uint64_t assigned_ns;                   /* when the page's assignment was written */
     bool  restart_asked;                    /* a worker said in-place recovery failed */
     bool  ready_seen;                       /* a replacement became ready */
@@ -371,6 +373,11 @@ bool        launcher_inplace_capable(const launcher_inplace_t *ip, const launche
 bool        launcher_inplace_settled(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 /* Workers that take part in the next round: live, and in the round or ready. */
 int         launcher_inplace_members(const launcher_inplace_t *ip, const launcher_workers_t *ws);
+/* Whether some worker of this node finished (exited 0) and every one still running is a
+ * replacement or newcomer that has been in no group yet: the training is over, and they
+ * hold nothing and have no state to receive. */
+bool        launcher_inplace_only_fresh(const launcher_inplace_t *ip,
+                                        const launcher_workers_t *ws);
 /* The running workers in the current round only (not a ready replacement waiting for the
  * next). */
 int         launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws);

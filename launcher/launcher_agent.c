@@ -197,6 +197,7 @@ static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
         }
         ag->ip.state[i] = INPLACE_PENDING;
         ag->ip.capable[i] = false;
+        ag->ip.fresh[i] = true;
         rg_info("local rank %d: replacement started (pid %d); the others go on without it",
                 i, (int)ag->ws.w[i].pid);
     }
@@ -371,6 +372,14 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 /* This node leaves and its round's workers are done (their last checkpoint
                  * taken): a replacement in no round yet holds nothing to save or wait for. */
                 rg_info("leaving: stopping %d replacement(s) that joined no round", running);
+                running = 0;
+            }
+            if (running > 0 && failed < 0 && ag->ip.enabled &&
+                launcher_inplace_only_fresh(&ag->ip, &ag->ws)) {
+                /* The workers finished the job while a replacement started: it has nothing
+                 * to join (a round for it alone would find no state and restart the job). */
+                rg_info("the workers finished: stopping %d replacement(s) that joined no "
+                        "group", running);
                 running = 0;
             }
             if (running == 0) {

@@ -137,6 +137,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
         ip->state[i] = INPLACE_IN_ROUND;
         ip->capable[i] = false;
         ip->joined[i] = false;
+        ip->fresh[i] = false;
     }
     ip->restart_asked = false;
     ip->ready_seen = false;
@@ -170,6 +171,7 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
                 ip->joined[lr] = ip->state[lr] == INPLACE_IN_ROUND;   /* its first group */
             } else if (msg == RG_NOTICE_MSG_JOINED) {
                 ip->joined[lr] = true;
+                ip->fresh[lr] = false;
             } else if (msg == RG_NOTICE_MSG_READY) {
                 if (ip->state[lr] == INPLACE_PENDING) {
                     rg_info("local rank %d (pid %d): the replacement is ready to join", lr,
@@ -226,6 +228,19 @@ int launcher_inplace_members(const launcher_inplace_t *ip, const launcher_worker
         }
     }
     return n;
+}
+
+bool launcher_inplace_only_fresh(const launcher_inplace_t *ip, const launcher_workers_t *ws)
+{
+    bool done = false;
+    for (int i = 0; i < ws->n; i++) {
+        const launcher_worker_t *w = &ws->w[i];
+        if (w->running && !ip->fresh[i]) {
+            return false;
+        }
+        done = done || (!w->running && WIFEXITED(w->wstatus) && WEXITSTATUS(w->wstatus) == 0);
+    }
+    return done;
 }
 
 int launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws)
@@ -429,6 +444,7 @@ launcher_inplace_end_t launcher_inplace_newcomers(const launcher_inplace_env_t *
     }
     for (int i = 0; i < e->ws->n; i++) {
         e->ip->state[i] = INPLACE_PENDING;
+        e->ip->fresh[i] = true;
     }
     rg_info("round %d runs without this node: %d workers start as newcomers; they join once "
             "ready", sp->asg->round, e->ws->n);

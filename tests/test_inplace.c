@@ -202,6 +202,20 @@ START_TEST(test_inplace_two_faults)
 }
 END_TEST
 
+/* A worker dies at the last step and its replacement takes longer to get ready than the
+ * others take to finish: the agent stops it once they did (it holds nothing and has no
+ * state to receive). Before, it joined a round alone, found no state, and the finished job
+ * restarted from its last checkpoint. */
+START_TEST(test_inplace_replacement_ready_after_the_end)
+{
+    char *extra[] = {"--kill-at", "74", "--kill-rank", "1", "--join-delay-ms", "3000"};
+    run_one_node("late", 4, extra, 6);
+    ck_assert(test_log_has(dir, "late", "killing myself at step 74"));
+    ck_assert(!test_log_has(dir, "late", "every one is a replacement"));
+    check_pids("late", 3, 3);
+}
+END_TEST
+
 /* A rank and its buddy die at the same step on one node: the rows that only they held come
  * from their node copies (the agent's memfds), read by the survivors; nothing from disk. */
 START_TEST(test_inplace_table_owner_and_buddy_from_node_copies)
@@ -874,6 +888,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_kill_between_steps);
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
     tcase_add_test(tc, test_inplace_two_faults);
+    tcase_add_test(tc, test_inplace_replacement_ready_after_the_end);
     tcase_add_test(tc, test_inplace_node_loss);
     tcase_add_test(tc, test_inplace_table_owner_and_buddy_from_node_copies);
     tcase_add_test(tc, test_inplace_table_lost_falls_back_to_disk);

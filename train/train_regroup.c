@@ -204,12 +204,11 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     }
     steps[ctx->rank] = *my_step;
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, steps, 1, RG_DTYPE_I64, NULL);
-    if (st == RG_OK && rs->table != NULL) {
+    for (int r = 0; st == RG_OK && r < world; r++) {
+        best = RG_MAX(best, steps[r]);
+    }
+    if (st == RG_OK && best >= 0 && rs->table != NULL) {
         st = train_table_find(ctx, rs->table, steps, &best, &view);
-    } else if (st == RG_OK) {
-        for (int r = 0; r < world; r++) {
-            best = RG_MAX(best, steps[r]);
-        }
     }
     for (int r = 0; st == RG_OK && r < world && source < 0; r++) {
         source = steps[r] == best && best >= 0 ? r : -1;
