@@ -775,6 +775,54 @@ START_TEST(test_inplace_sigterm_while_rejoining)
 }
 END_TEST
 
+/* SIGTERM reaches an agent that has just joined a newer round for a planned change (node b
+ * joins) while its workers are still in the old one (frozen here, so that they see the
+ * preemption before the regroup): their writes from the old round are fenced, so they
+ * regroup first and take the last checkpoint in the new round. Before, they took it in the
+ * old round and its commit was refused: no last checkpoint. */
+START_TEST(test_inplace_sigterm_during_a_planned_change)
+{
+    const char *conf =
+        "--rdzv-conf=lease_ttl=3,last_call_timeout=0.5,join_timeout=30,hang_timeout=0";
+    job_etcd();
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", "--nnodes=1:2", NULL,
+                    "--max-restarts=3", "--recovery=in-place", "--grace-period=20",
+                    (char *)conf, RG_EXACT_BIN, "--epochs", "8", "--work", "400000",
+                    "--table-rows", "1000", NULL};
+    argv[4] = "--nproc-per-node=2";
+    pid_t a = test_spawn_logged(dir, "a", argv);
+    wait_training();
+    pids_t p;
+    read_pids("a", &p);
+    ck_assert_int_eq(p.n_started, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kill(p.started[i], SIGSTOP), 0);
+    }
+    argv[4] = "--nproc-per-node=1";
+    pid_t b = test_spawn_logged(dir, "b", argv);
+    unsetenv("REGROUP_LOG_LEVEL");
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "another agent opened a new round"), 30000,
+                    "node a did not see node b's round");
+    ck_assert_int_eq(kill(a, SIGTERM), 0);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "this node leaves the job: SIGTERM"), 10000,
+                    "node a did not begin to leave");
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kill(p.started[i], SIGCONT), 0);
+    }
+    ck_assert_int_eq(test_wait_exit(a, 60000), 128 + SIGTERM);
+    ck_assert_msg(!test_log_has(dir, "a", "no last checkpoint"),
+                  "node a's workers' last checkpoint did not commit");
+    long left = RG_MAX(last_checkpoint_step("a"), last_checkpoint_step("b"));
+    ck_assert_msg(left > 0, "no last checkpoint committed before node a left");
+    ck_assert_msg(test_log_has(dir, "a", "a member leaves once the job has regrouped"),
+                  "the workers did not put the regroup before the preemption");
+    kill(b, SIGTERM);
+    ck_assert_int_ne(test_wait_exit(b, 60000), -1);
+    check_pids("a", 0, 0);   /* (only that none is left behind) */
+}
+END_TEST
+
 START_TEST(test_inplace_below_min)
 {
     pid_t a;
@@ -897,6 +945,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_sigterm_while_rejoining);
+    tcase_add_test(tc, test_inplace_sigterm_during_a_planned_change);
     tcase_add_test(tc, test_inplace_below_min);
     tcase_add_test(tc, test_inplace_non_api_worker);
     tcase_add_test(tc, test_inplace_trainer_fit);

@@ -353,7 +353,8 @@ static rg_status_t check_agent(const rg_train_ctx_t *ctx)
 static rg_status_t agree_notice(rg_train_ctx_t *ctx)
 {
     rg_notice_snap_t snap;
-    int64_t v[3] = {0, 0, INT64_MIN};   /* preempt, members, -(ms left) */
+    rg_notice_assign_t a;
+    int64_t v[4] = {0, 0, INT64_MIN, 0};   /* preempt, members, -(ms left), a newer round */
     unsigned own = 0;
     rg_status_t st;
 
@@ -370,9 +371,25 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
     if (ctx->fenced_round == ctx->round) {
         v[1] = 1;   /* the job has left this round (fenced_in_place): every rank regroups */
     }
-    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 3, RG_DTYPE_I64, RG_OP_MAX, NULL);
+    if (ctx->in_place && rg_notice_read_assign(&ctx->notice, &a) && a.round > ctx->round &&
+        ctx->local_rank < a.n && a.rank[ctx->local_rank] >= 0) {
+        v[3] = 1;   /* this rank's agent is in a newer round already */
+    }
+    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 4, RG_DTYPE_I64, RG_OP_MAX, NULL);
     if (st != RG_OK) {
         return st;
+    }
+    if (v[3]) {
+        /* Some agent moved to a newer round: the job's writes from this one are fenced, so a
+         * preemption's last checkpoint here could not commit. Every rank regroups first; the
+         * preemption notice stays posted and is agreed on at the next step boundary, in the
+         * new round. */
+        if (v[0]) {
+            rg_info("a member leaves once the job has regrouped into the round its agents "
+                    "joined (the last checkpoint is taken there)");
+        }
+        v[0] = 0;
+        v[1] = 1;
     }
     ctx->agreed = (rg_notice_t){.kinds = (v[0] ? 1u << RG_NOTICE_PREEMPT : 0) |
                                          (v[1] ? 1u << RG_NOTICE_MEMBERS : 0),
