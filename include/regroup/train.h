@@ -145,9 +145,12 @@ typedef struct {
  * has not renewed its membership for a lease TTL, stopped, hung or cut from etcd; the
  * worker must stop, since the job goes on without its node). After the progress and the
  * checkpoint it agrees with the other ranks on the notices their agents posted (one
- * 24-byte allreduce, no etcd): when some agent posted one, every rank gets RG_EMEMBERS at
+ * 32-byte allreduce, no etcd): when some agent posted one, every rank gets RG_EMEMBERS at
  * the same step, and rg_train_notice says which kinds and how much time is left. The notice
- * stays until its agent clears it, so each call returns it again until then. Outside the
+ * stays until its agent clears it, so each call returns it again until then. In place, a
+ * preemption that comes while some agent is already in a newer round is only a membership
+ * change at first (the ranks regroup, then agree on the preemption in the new round, where
+ * their last checkpoint can commit). Outside the
  * launcher (no notice page) the call is not collective without state, as before.
  *
  * Returns RG_EINVAL (bad report: more than RG_TRAIN_MAX_METRICS metrics, a name that is not
