@@ -224,6 +224,8 @@ bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k);
 bool chaos_fault_ends_round(chaos_fault_t k);
 bool chaos_fault_takes_node(chaos_fault_t k);
 chaos_fault_t chaos_fault_choose(chaos_t *c);
+/* Whether every enabled kind has been chosen once (the walk that opens every run). */
+bool          chaos_fault_walk_done(const chaos_t *c);
 /* Injects a fault of kind r->kind; fills r->target (and r->agent_pid for a node fault). */
 void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r);
 /* Whether the kind needs the network namespaces, and whether it holds a node out for a while

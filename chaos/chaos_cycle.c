@@ -178,7 +178,12 @@ static bool cycle_one(chaos_t *c, int i)
 void chaos_cycle_run(chaos_t *c)
 {
     const chaos_opts_t *opt = c->opt;
-    for (int i = 0; i < opt->faults && !c->faults.stalled &&
+    /* A quick run injects every kind: past --faults while the walk is not done (a node that
+     * had to join or leave first to keep the job within its size takes a turn), by at most
+     * one more fault per kind. */
+    for (int i = 0; (i < opt->faults || (opt->quick && !chaos_fault_walk_done(c) &&
+                                         i < opt->faults + F_COUNT)) &&
+                    !c->faults.stalled &&
                     rg_wall_s() - c->run.t_start < opt->deadline_s - 60; i++) {
         if (!cycle_one(c, i)) {
             c->faults.stalled = true;

@@ -66,6 +66,15 @@ bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k)
     return strcmp(c->opt->scenario, chaos_fault_names[k]) == 0;
 }
 
+bool chaos_fault_walk_done(const chaos_t *c)
+{
+    int n = 0;
+    for (int k = 0; k < F_COUNT; k++) {
+        n += chaos_fault_enabled(c, (chaos_fault_t)k) ? 1 : 0;
+    }
+    return c->faults.next >= n;
+}
+
 chaos_fault_t chaos_fault_choose(chaos_t *c)
 {
     chaos_fault_t enabled[F_COUNT];
