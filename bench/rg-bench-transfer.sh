@@ -13,9 +13,15 @@
 #                             the copy out of the receive buffer, reopening the checkpoint
 #                             store), the slowest receiver's
 #                transfer_GBps  B / transfer_s (1e9 bytes a second)
+#                source_s     the source's own span, from its "sends the state" line to its
+#                             "regrouped" line (the broadcasts as the sender sees them)
+#                replacement_s  the replacement's span alone (the receiver whose pid a
+#                             "started (joining 1)" line names); members_s the other
+#                             receivers' slowest (world 4)
 #              and from rank 0's step log (bench/rg_bench_steps.py): pause_s, the longest gap
 #              between two completed steps less the median gap (the fault, the regroup at
-#              world N-1, the join), and rank 0's own regroup into round M (join_regroup_s).
+#              world N-1, the join: both may fall in one gap), and rank 0's own regroup into
+#              round M (join_regroup_s).
 #   reference  bench/rg-bench-comm.sh -n N [--tls tcp] -r 1 -- --op=broadcast --dtype=u8
 #              --sizes=KB*1024: rg_comm_broadcast of the same size on the same number of
 #              ranks and transport, on a group of its own (ref_GBps: bytes / latency).
@@ -119,25 +125,26 @@ if len(exact) != 1 or not exact[0].startswith("exact=1"):
     fail(f"not exactly one exact=1 line: {exact}")
 if "resumed from step" in text:
     fail("resumed from a checkpoint in place")
-if not re.search(r"started \(joining 1\)", text):
-    fail("no replacement started")
-ts = r"\[(\d+\.\d+)\].*"
+newcomers = {int(p) for p in re.findall(r"^rank \d+: pid (\d+) started \(joining 1\)", text, re.M)}
+if len(newcomers) != 1:
+    fail(f"not one replacement started: pids {sorted(newcomers)}")
+ts = r"\[(\d+\.\d+)\] \[[^:\]]*:(\d+) .*"
 recv, sends, done = {}, {}, {}
 for l in lines:
     m = re.search(ts + r"regroup: rank (\d+) receives the state of step (-?\d+) \((\d+) bytes\) "
                   r"from rank (\d+) in round (\d+)", l)
     if m:
-        recv[(int(m[6]), int(m[2]))] = (float(m[1]), int(m[3]), int(m[4]), int(m[5]))
+        recv[(int(m[7]), int(m[3]))] = (float(m[1]), int(m[4]), int(m[5]), int(m[6]), int(m[2]))
         continue
     m = re.search(ts + r"regroup: rank (\d+) sends the state of step (-?\d+) \((\d+) bytes\) "
                   r"to round (\d+)", l)
     if m:
-        sends.setdefault(int(m[5]), []).append((float(m[1]), int(m[2]), int(m[3]), int(m[4])))
+        sends.setdefault(int(m[6]), []).append((float(m[1]), int(m[3]), int(m[4]), int(m[5])))
         continue
     m = re.search(ts + r"regrouped in place from round (\d+) into round (\d+): rank (\d+) of "
                   r"(\d+), step (-?\d+) \(state from rank (\d+)(, received)?\) in ([0-9.]+) s", l)
     if m:
-        done[(int(m[3]), int(m[4]))] = (float(m[1]), int(m[5]), m[8] is not None, float(m[9]))
+        done[(int(m[4]), int(m[5]))] = (float(m[1]), int(m[6]), m[9] is not None, float(m[10]))
 rounds = sorted({r for (r, _), v in done.items() if v[1] == n})
 if not rounds:
     fail(f"no regroup into a round at world {n}")
@@ -148,22 +155,28 @@ if len(src) != 1 or src[0][3] != want:
 rx = {k[1]: v for k, v in recv.items() if k[0] == rnd}
 if len(rx) != n - 1:
     fail(f"round {rnd}: {len(rx)} receivers, not {n - 1}")
-spans = []
-for rank, (t, step, nbytes, source) in sorted(rx.items()):
+spans, repl, members = [], [], []
+for rank, (t, step, nbytes, source, pid) in sorted(rx.items()):
     if nbytes != want or step != src[0][2] or source != src[0][1]:
         fail(f"round {rnd}: rank {rank} receives {nbytes} bytes of step {step} from {source}")
     fin = done.get((rnd, rank))
     if fin is None or not fin[2]:
         fail(f"round {rnd}: rank {rank} never said it regrouped with the state received")
     spans.append(fin[0] - t)
-if (rnd, 0) not in done:
-    fail(f"round {rnd}: no regrouped line of rank 0")
+    (repl if pid in newcomers else members).append(fin[0] - t)
+if len(repl) != 1:
+    fail(f"round {rnd}: the replacement is not among the receivers")
+if (rnd, 0) not in done or (rnd, src[0][1]) not in done:
+    fail(f"round {rnd}: no regrouped line of rank 0 or of the source")
 pause, redone, step_s = pause_redone(read(f"{d}/steps.txt"))
 xfer = max(spans)
 print(json.dumps({"bench": "transfer-run", "kind": "regroup", "ranks": n,
                   "transport": transport, "rep": rep, "round": rnd, "bytes": want,
                   "transfer_s": round(xfer, 6), "transfer_s_receivers": [round(s, 6) for s in spans],
                   "transfer_GBps": round(want / xfer / 1e9, 4),
+                  "source_s": round(done[(rnd, src[0][1])][0] - src[0][0], 6),
+                  "replacement_s": round(repl[0], 6),
+                  "members_s": round(max(members), 6) if members else None,
                   "join_regroup_s": done[(rnd, 0)][3], "pause_s": round(pause, 4),
                   "steps_redone": redone, "step_s": round(step_s, 4),
                   "job_s": job_ms / 1000.0}))
@@ -230,6 +243,9 @@ for transport, n in cells:
                       "transfer_GBps": stats([rg[r]["transfer_GBps"] for r in both]),
                       "ref_GBps": stats([ref[r]["ref_GBps"] for r in both]),
                       "ratio": stats(ratios), "half": half,
+                      "source_s": stats([rg[r]["source_s"] for r in both]),
+                      "replacement_s": stats([rg[r]["replacement_s"] for r in both]),
+                      "members_s": stats([rg[r]["members_s"] for r in both]) if n > 2 else None,
                       "join_regroup_s": stats([rg[r]["join_regroup_s"] for r in both]),
                       "pause_s": stats([rg[r]["pause_s"] for r in both]),
                       "job_s": stats([rg[r]["job_s"] for r in both]), **meta}))
