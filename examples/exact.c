@@ -585,27 +585,23 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
         }
     }
-    if (table != NULL && fresh) {
-        /* The copies of the rows this attempt starts from. */
-        int64_t at = (int64_t)(cur.epoch * per_epoch + cur.step);
-        st = rg_train_table_commit(ctx, table, at);
-        if (regroup_on(ctx, st)) {
-            st = regroup(ctx, o, state, table, &cur, at, "a peer failed");
-            if (st == RG_OK) {
-                rank = rg_train_rank(ctx);
-                world = rg_train_world_size(ctx);
-                comm = rg_train_comm(ctx);
-                st = layout(o, rank, world, &row0, &rows, &pad, &pad0, &pad_rows);
-            }
-        }
-        if (st != RG_OK) {
-            goto out;
-        }
-    }
+    /* The step the table's copies hold: a regroup commits them (a replacement's too), every
+     * step commits its own, and a fresh start commits the rows it starts from first. */
+    int64_t table_at = joined ? (int64_t)(cur.epoch * per_epoch + cur.step) : -1;
     bool regrouped = true;   /* (re)open the trace, for this rank and round */
     while ((int64_t)cur.epoch < epochs) {
         int64_t gstep = (int64_t)(cur.epoch * per_epoch + cur.step);
         size_t n = 0;
+        if (table != NULL && table_at != gstep) {
+            st = rg_train_table_commit(ctx, table, gstep);
+            if (regroup_on(ctx, st)) {
+                goto regroup_before;
+            }
+            if (st != RG_OK) {
+                goto out;
+            }
+            table_at = gstep;
+        }
         if (regrouped && o->trace != NULL) {
             char path[1024];
             if (trace != NULL) {
@@ -701,6 +697,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             if (st != RG_OK) {
                 goto out;
             }
+            table_at = done;
         }
         for (int64_t k = 0; k < o->dim; k++) {
             state[k] += local[k];
@@ -767,6 +764,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         if (st != RG_OK) {
             goto out;
         }
+        table_at = (int64_t)(cur.epoch * per_epoch + cur.step);   /* (the regroup's commit) */
         regrouped = true;
     }
     if (extra.w != NULL && (st = extra_check(extra.step)) != RG_OK) {

@@ -569,21 +569,27 @@ START_TEST(test_inplace_hang_while_joining)
 }
 END_TEST
 
-/* A node that joins a running in-place job: its workers start as newcomers outside any
- * round while the job goes on at world 2, and join once ready, receiving the state over the
- * group; nobody restarts (node a's first workers finish the job) and the job ends exactly
- * at world 4. */
-START_TEST(test_inplace_node_joins)
+/* Node b (nproc_b workers) joins a running in-place job of node a's nproc_a: b's workers
+ * start as newcomers outside any round while the job goes on, and join once ready, receiving
+ * the state over the group; nobody restarts (node a's first workers finish the job) and the
+ * job ends exactly at world nproc_a + nproc_b. */
+static void node_joins(int nproc_a, int nproc_b)
 {
     const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
+    char np_a[32];
+    char np_b[32];
+    char world[32];
+    snprintf(np_a, sizeof(np_a), "--nproc-per-node=%d", nproc_a);
+    snprintf(np_b, sizeof(np_b), "--nproc-per-node=%d", nproc_b);
+    snprintf(world, sizeof(world), "world=%d", nproc_a + nproc_b);
     job_etcd();
-    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    pid_t a = start_node("a", "--nnodes=1:2", np_a, conf);
     wait_training();
-    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    pid_t b = start_node("b", "--nnodes=1:2", np_b, conf);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
-                  "the job did not finish exactly at world size 4");
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", world),
+                  "the job did not finish exactly at %s", world);
     ck_assert_msg(test_log_has(dir, "b", "started (joining 1)"),
                   "node b's workers were no newcomers");
     ck_assert_msg(test_log_has(dir, "b", "received from rank"),
@@ -593,7 +599,21 @@ START_TEST(test_inplace_node_joins)
         ck_assert_msg(!test_log_has(dir, "a", never[i]) && !test_log_has(dir, "b", never[i]),
                       "\"%s\" in a node's log: the job restarted", never[i]);
     }
-    check_pids("a", 2, 2);
+    check_pids("a", nproc_a, nproc_a);
+}
+
+START_TEST(test_inplace_node_joins)
+{
+    node_joins(2, 2);
+}
+END_TEST
+
+/* A node with more workers than the running job has ranks joins in place: its newcomers'
+ * provisional ranks (in no round yet) are valid, so none fails to start (before, the second
+ * got RANK=1 in a world of 1 and the node joined by the restart path). */
+START_TEST(test_inplace_bigger_node_joins)
+{
+    node_joins(1, 2);
 }
 END_TEST
 
@@ -643,29 +663,6 @@ START_TEST(test_inplace_joining_newcomer_killed_mid_transfer)
         ck_assert_msg(test_pid_gone(p.started[i], 10000), "worker pid %d is left behind",
                       p.started[i]);
     }
-}
-END_TEST
-
-/* A node with more workers than the running job has ranks joins in place: its newcomers'
- * provisional ranks (in no round yet) are valid, so none fails to start (before, the second
- * got RANK=1 in a world of 1 and the node joined by the restart path). */
-START_TEST(test_inplace_bigger_node_joins)
-{
-    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
-    job_etcd();
-    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=1", conf);
-    wait_training();
-    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=3"),
-                  "the job did not finish exactly at world size 3");
-    ck_assert_msg(test_log_has(dir, "b", "received from rank"),
-                  "node b's workers received no state");
-    ck_assert_msg(!test_log_has(dir, "a", "resumed from step") &&
-                      !test_log_has(dir, "b", "resumed from step"),
-                  "the job restarted from a checkpoint");
-    check_pids("a", 1, 1);
 }
 END_TEST
 
