@@ -4,27 +4,25 @@
 #   regroup    rg-exact under `regroup --standalone --recovery=in-place`, N workers, rank 1
 #              SIGKILLing itself at step --kill-at, with --state-kb KB of extra replicated
 #              state (256 MiB by default) that only regroups carry. The replacement joins in
-#              a regroup at world N where the state goes from one member (the source) to all
-#              the others (train/train_regroup.c, agree_state). From the workers' info-level
-#              log (REGROUP_LOG_LEVEL=info, timestamped lines):
-#                transfer_s   per receiver of that round, from its "regroup: rank R receives
-#                             the state of step S (B bytes) from rank Q in round M" line to
-#                             its "regrouped in place ... into round M" line (the broadcasts,
-#                             the copy out of the receive buffer, reopening the checkpoint
-#                             store), the slowest receiver's
+#              a regroup at world N where the state goes from one member (the source) to the
+#              members at another step: the replacement alone, the others hold it already
+#              (train/train_regroup.c, agree_state). From the workers' info-level log
+#              (REGROUP_LOG_LEVEL=info, timestamped lines):
+#                transfer_s   the receiver's span, from its "regroup: rank R receives the
+#                             state of step S (B bytes) from rank Q in round M" line to its
+#                             "regrouped in place ... into round M" line (the chunked sends
+#                             into its buffers, reopening the checkpoint store)
 #                transfer_GBps  B / transfer_s (1e9 bytes a second)
 #                source_s     the source's own span, from its "sends the state" line to its
-#                             "regrouped" line (the broadcasts as the sender sees them)
-#                replacement_s  the replacement's span alone (the receiver whose pid a
-#                             "started (joining 1)" line names); members_s the other
-#                             receivers' slowest (world 4)
+#                             "regrouped" line (the sends as the sender sees them)
 #              and from rank 0's step log (bench/rg_bench_steps.py): pause_s, the longest gap
 #              between two completed steps less the median gap (the fault, the regroup at
 #              world N-1, the join: both may fall in one gap), and rank 0's own regroup into
 #              round M (join_regroup_s).
-#   reference  bench/rg-bench-comm.sh -n N [--tls tcp] -r 1 -- --op=broadcast --dtype=u8
-#              --sizes=KB*1024: rg_comm_broadcast of the same size on the same number of
-#              ranks and transport, on a group of its own (ref_GBps: bytes / latency).
+#   reference  bench/rg-bench-comm.sh -n 2 [--tls tcp] -r 1 -- --op=broadcast --dtype=u8
+#              --sizes=KB*1024: rg_comm_broadcast of the same size between two ranks over the
+#              same transport (one sender, one receiver, as in the transfer), on a group of
+#              its own (ref_GBps: bytes / latency).
 # The two alternate within each repetition (the order swaps every repetition), so the
 # ratio transfer_GBps / ref_GBps is taken per repetition; each cell's line gives medians with
 # min and max over the repetitions (>= 5) and "half": "yes" when every ratio is >= 0.5,
@@ -32,7 +30,7 @@
 # with peer-failure handling), tcp is UCX_TLS=tcp as in rg-bench-comm.sh; UCX_NET_DEVICES=lo
 # always. A regroup run fails the bench unless it exits 0 with exactly one exact=1 line,
 # resumes from no checkpoint, started a replacement, and its round at world N has one source
-# and N-1 receivers, each of KB*1024 + the small state's bytes; a reference run fails it
+# and one receiver, the replacement, of KB*1024 + the small state's bytes; a reference run fails it
 # unless rg-bench-comm checked its result. Prints one JSON line per run, one per cell, and
 # the load averages at the start and the end. Holds /tmp/regroup-bench.lock.
 #
@@ -137,9 +135,10 @@ for l in lines:
         recv[(int(m[7]), int(m[3]))] = (float(m[1]), int(m[4]), int(m[5]), int(m[6]), int(m[2]))
         continue
     m = re.search(ts + r"regroup: rank (\d+) sends the state of step (-?\d+) \((\d+) bytes\) "
-                  r"to round (\d+)", l)
+                  r"to (\d+) members? of round (\d+)", l)
     if m:
-        sends.setdefault(int(m[6]), []).append((float(m[1]), int(m[3]), int(m[4]), int(m[5])))
+        sends.setdefault(int(m[7]), []).append((float(m[1]), int(m[3]), int(m[4]), int(m[5]),
+                                                int(m[6])))
         continue
     m = re.search(ts + r"regrouped in place from round (\d+) into round (\d+): rank (\d+) of "
                   r"(\d+), step (-?\d+) \(state from rank (\d+)(, received)?\) in ([0-9.]+) s", l)
@@ -150,12 +149,12 @@ if not rounds:
     fail(f"no regroup into a round at world {n}")
 rnd = rounds[-1]
 src = sends.get(rnd, [])
-if len(src) != 1 or src[0][3] != want:
-    fail(f"round {rnd}: not one source sending {want} bytes: {src}")
+if len(src) != 1 or src[0][3] != want or src[0][4] != 1:
+    fail(f"round {rnd}: not one source sending {want} bytes to one member: {src}")
 rx = {k[1]: v for k, v in recv.items() if k[0] == rnd}
-if len(rx) != n - 1:
-    fail(f"round {rnd}: {len(rx)} receivers, not {n - 1}")
-spans, repl, members = [], [], []
+if len(rx) != 1:
+    fail(f"round {rnd}: {len(rx)} receivers, not 1 (the replacement)")
+spans, repl = [], []
 for rank, (t, step, nbytes, source, pid) in sorted(rx.items()):
     if nbytes != want or step != src[0][2] or source != src[0][1]:
         fail(f"round {rnd}: rank {rank} receives {nbytes} bytes of step {step} from {source}")
@@ -163,7 +162,8 @@ for rank, (t, step, nbytes, source, pid) in sorted(rx.items()):
     if fin is None or not fin[2]:
         fail(f"round {rnd}: rank {rank} never said it regrouped with the state received")
     spans.append(fin[0] - t)
-    (repl if pid in newcomers else members).append(fin[0] - t)
+    if pid in newcomers:
+        repl.append(fin[0] - t)
 if len(repl) != 1:
     fail(f"round {rnd}: the replacement is not among the receivers")
 if (rnd, 0) not in done or (rnd, src[0][1]) not in done:
@@ -175,8 +175,6 @@ print(json.dumps({"bench": "transfer-run", "kind": "regroup", "ranks": n,
                   "transfer_s": round(xfer, 6), "transfer_s_receivers": [round(s, 6) for s in spans],
                   "transfer_GBps": round(want / xfer / 1e9, 4),
                   "source_s": round(done[(rnd, src[0][1])][0] - src[0][0], 6),
-                  "replacement_s": round(repl[0], 6),
-                  "members_s": round(max(members), 6) if members else None,
                   "join_regroup_s": done[(rnd, 0)][3], "pause_s": round(pause, 4),
                   "steps_redone": redone, "step_s": round(step_s, 4),
                   "job_s": job_ms / 1000.0}))
@@ -184,11 +182,12 @@ EOF
         { rg_bench_show "$d/log"; rg_bench_fail "$d: the run's figures are not all there"; }
 }
 
-# rg-bench-comm's broadcast of the same size on $1 ranks over transport $2 (repetition $3).
+# rg-bench-comm's broadcast of the same size on 2 ranks over transport $2, for the cell of $1
+# ranks (repetition $3).
 run_ref() {
     local d="$out/ref-$2-$1-$3" rc=0
     local tls=(); [[ "$2" == tcp ]] && tls=(--tls tcp)
-    timeout 300 "$here/rg-bench-comm.sh" -n "$1" "${tls[@]}" -r 1 --build "$build" -- \
+    timeout 300 "$here/rg-bench-comm.sh" -n 2 "${tls[@]}" -r 1 --build "$build" -- \
         --op=broadcast --dtype=u8 --sizes="$bytes" --seconds="$seconds" >"$d.out" 2>"$d.err" ||
         rc=$?
     ((rc == 0)) || { rg_bench_show "$d.out" "$d.err"; rg_bench_fail "$d: rg-bench-comm.sh exited $rc"; }
@@ -198,12 +197,13 @@ path, n, transport, rep, want = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(
     int(sys.argv[5])
 rows = [json.loads(l) for l in open(path) if l.startswith('{"bench":"comm",')]
 rows = [j for j in rows if j.get("op") == "broadcast" and j.get("bytes") == want]
-if len(rows) != 1 or rows[0].get("ranks") != n or rows[0].get("checked") is not True:
-    sys.exit(f"rg-bench-transfer.sh: {path}: not one checked broadcast of {want} bytes on {n} ranks")
+if len(rows) != 1 or rows[0].get("ranks") != 2 or rows[0].get("checked") is not True:
+    sys.exit(f"rg-bench-transfer.sh: {path}: not one checked broadcast of {want} bytes on 2 ranks")
 j = rows[0]
 lat = j["latency_us"] / 1e6
 print(json.dumps({"bench": "transfer-run", "kind": "reference", "ranks": n,
-                  "transport": transport, "rep": rep, "bytes": want, "iters": j["iters"],
+                  "ref_ranks": 2, "transport": transport, "rep": rep, "bytes": want,
+                  "iters": j["iters"],
                   "latency_s": round(lat, 6), "ref_GBps": round(want / lat / 1e9, 4),
                   "ucx_tls": j["transport"]}))
 EOF
@@ -244,8 +244,6 @@ for transport, n in cells:
                       "ref_GBps": stats([ref[r]["ref_GBps"] for r in both]),
                       "ratio": stats(ratios), "half": half,
                       "source_s": stats([rg[r]["source_s"] for r in both]),
-                      "replacement_s": stats([rg[r]["replacement_s"] for r in both]),
-                      "members_s": stats([rg[r]["members_s"] for r in both]) if n > 2 else None,
                       "join_regroup_s": stats([rg[r]["join_regroup_s"] for r in both]),
                       "pause_s": stats([rg[r]["pause_s"] for r in both]),
                       "job_s": stats([rg[r]["job_s"] for r in both]), **meta}))

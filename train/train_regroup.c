@@ -11,11 +11,13 @@
  *      for a dead peer's shard (never committed, never visible);
  *   2. wait for an assignment newer than this worker's round that includes it;
  *   3. build that round's group (its wire-up keys are the round's own);
- *   4. agree on the state: an allgather of every member's step; the newest wins, its lowest
- *      rank is the source; the source broadcasts a header (buffer count, total bytes, cursor)
- *      and then every buffer. Receivers take them into scratch memory first and copy them
- *      only once all arrived, so a source that dies mid-transfer leaves their state as it
- *      was, and the next attempt agrees again;
+ *   4. agree on the state: an allgather of every member's step, buffer count and bytes; the
+ *      newest step wins, its lowest rank is the source, and it sends the state (its cursor,
+ *      then every buffer in chunks) to the members at another step only: a replacement,
+ *      or a survivor that did not finish the failed step. A receiver with a state of its
+ *      own takes the bytes into scratch memory and copies them only once all arrived, so a
+ *      source that dies mid-transfer leaves that state as it was, and the next attempt
+ *      agrees again; a replacement receives into its buffers;
  *   5. a new checkpointer for the new rank and world size.
  *
  * A failure in 3-4 (a member died, a wire-up that times out because the agents moved on to a
@@ -34,7 +36,14 @@
 #define CREATE_ATTEMPT_MS   3000    /* one wire-up; then look for a newer round */
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
 #define NEWER_WAIT_MS       1000    /* after a failed attempt: a newer round, or the same */
-#define HDR_WORDS           5       /* n_bufs, total bytes, cursor seed, epoch, step */
+#define AGREE_WORDS         3       /* each member's step, buffer count and bytes */
+#define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
+#define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
+#define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES, at most) */
+#define XFER_WINDOW         4                   /* this many in flight per receiver */
+#define TAG_STATE_HDR       0xfffc0000u         /* point-to-point tags (train_table.c has */
+#define TAG_STATE           0xfffd0000u         /* 0xfffe0000 and up): + chunk mod 65536 */
+#define TAG_STATE_CHUNKS    0xffffu
 
 bool rg_train_in_place(const rg_train_ctx_t *ctx)
 {
@@ -178,34 +187,127 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
     return RG_OK;
 }
 
-/* Step 4: agree on the newest state and bring every member to it. With a sharded table, the
- * newest step at which its rows are all held too; each member takes the replicated state and
- * its rows of the table together, once both arrived (one consistent state, or none). */
+/* The state's bytes (every buffer, in order) between the source and its receivers, in chunks
+ * of at most `chunk` bytes with XFER_WINDOW of them in flight to or from each peer. The
+ * source sends to every peer in `peers`; a receiver (n_peers 1: the source) receives into
+ * scratch (the buffers laid end to end) or, when scratch is NULL, into its buffers. On
+ * failure *failed_buf is the buffer (from 1) in which the transfer broke off. */
+static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_regroup_t *rs, bool send,
+                                const int *peers, int n_peers, unsigned char *scratch,
+                                size_t chunk, size_t *failed_buf)
+{
+    rg_comm_req_t **reqs = calloc((size_t)XFER_WINDOW * (size_t)n_peers, sizeof(*reqs));
+    rg_status_t st = RG_OK;
+    size_t i = 0;      /* the buffer */
+    size_t off = 0;    /* in it */
+    size_t base = 0;   /* its offset in scratch */
+    uint32_t k = 0;    /* the chunk */
+
+    if (reqs == NULL) {
+        return rg_error(RG_ENOMEM, "regroup: transfer requests");
+    }
+    while (i < rs->n_bufs && st == RG_OK) {
+        size_t bytes = rs->bufs[i].bytes;
+        if (off >= bytes) {
+            base += bytes;
+            off = 0;
+            i++;
+            continue;
+        }
+        size_t len = RG_MIN(chunk, bytes - off);
+        unsigned char *p = scratch != NULL ? scratch + base + off
+                                           : (unsigned char *)rs->bufs[i].data + off;
+        rg_comm_req_t **slot = &reqs[(size_t)(k % XFER_WINDOW) * (size_t)n_peers];
+        uint32_t tag = TAG_STATE + (k & TAG_STATE_CHUNKS);
+        for (int j = 0; j < n_peers && st == RG_OK; j++) {
+            if (slot[j] != NULL) {
+                st = rg_comm_req_wait(slot[j]);
+                rg_comm_req_free(slot[j]);
+                slot[j] = NULL;
+            }
+            if (st == RG_OK) {
+                st = send ? rg_comm_send_post(ctx->comm, p, len, RG_DTYPE_U8, peers[j], tag,
+                                              NULL, &slot[j])
+                          : rg_comm_recv_post(ctx->comm, p, len, RG_DTYPE_U8, peers[j], tag,
+                                              NULL, &slot[j]);
+            }
+        }
+        off += len;
+        k++;
+    }
+    for (size_t j = 0; j < (size_t)XFER_WINDOW * (size_t)n_peers; j++) {
+        if (st == RG_OK && reqs[j] != NULL) {
+            st = rg_comm_req_wait(reqs[j]);
+        }
+        rg_comm_req_free(reqs[j]);   /* (one still in progress fails the group: it has) */
+    }
+    free(reqs);
+    *failed_buf = RG_MIN(i + 1, rs->n_bufs);
+    return st;
+}
+
+static size_t xfer_chunk_bytes(void)
+{
+    const char *env = getenv("REGROUP_REGROUP_CHUNK_BYTES");
+    int64_t v;
+    if (env != NULL && rg_parse_i64(env, &v) && v > 0 && v <= (int64_t)XFER_CHUNK_MAX) {
+        return (size_t)v;
+    }
+    return XFER_CHUNK;
+}
+
+/* Step 4: agree on the newest state and bring every member to it. An allgather of every
+ * member's step, buffer count and bytes; the newest step wins (with a sharded table, the
+ * newest at which its rows are all held too), its lowest rank is the source, and only the
+ * members at another step (a replacement, a survivor that did not finish the failed step)
+ * receive it: the others already hold it, since the group's collectives give every rank the
+ * same bytes. A receiver with a state of its own takes the bytes into scratch memory first,
+ * so that a source dying mid-transfer leaves that state as it was; a replacement, which has
+ * none, receives into its buffers. Each member takes the replicated state and its rows of
+ * the table together, once both arrived (one consistent state, or none). */
 static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int64_t *my_step,
                                rg_data_cursor_t *my_cursor)
 {
     int world = ctx->world;
+    int64_t *words = calloc((size_t)world, AGREE_WORDS * sizeof(*words));
     int64_t *steps = calloc((size_t)world, sizeof(*steps));
+    int *peers = calloc((size_t)world, sizeof(*peers));
     train_table_view_t *view = NULL;
     unsigned char *scratch = NULL;
     size_t from_others = 0;
     size_t from_buddy = 0;
     size_t from_node = 0;
     size_t total = 0;
+    size_t failed_buf = 0;
     int64_t best = -1;
     int source = -1;
-    rg_status_t st;
+    int n_peers = 0;
+    bool differ = false;
+    rg_status_t st = RG_OK;
 
-    if (steps == NULL) {
-        return rg_error(RG_ENOMEM, "regroup: steps");
+    if (words == NULL || steps == NULL || peers == NULL) {
+        st = rg_error(RG_ENOMEM, "regroup: steps");
+        goto out;
     }
     for (size_t i = 0; i < rs->n_bufs; i++) {
         total += rs->bufs[i].bytes;
     }
-    steps[ctx->rank] = *my_step;
-    st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, steps, 1, RG_DTYPE_I64, NULL);
+    int64_t *mine = &words[(size_t)ctx->rank * AGREE_WORDS];
+    mine[0] = *my_step;
+    mine[1] = (int64_t)rs->n_bufs;
+    mine[2] = (int64_t)total;
+    st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, words, AGREE_WORDS, RG_DTYPE_I64,
+                           NULL);
     for (int r = 0; st == RG_OK && r < world; r++) {
+        steps[r] = words[(size_t)r * AGREE_WORDS];
         best = RG_MAX(best, steps[r]);
+        differ |= words[(size_t)r * AGREE_WORDS + 1] != mine[1] ||
+                  words[(size_t)r * AGREE_WORDS + 2] != mine[2];
+    }
+    if (st == RG_OK && differ) {
+        /* Every member sees the same words: all of them fail here. */
+        st = rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
+                      "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
     }
     if (st == RG_OK && best >= 0 && rs->table != NULL) {
         st = train_table_find(ctx, rs->table, steps, &best, &view);
@@ -213,76 +315,90 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     for (int r = 0; st == RG_OK && r < world && source < 0; r++) {
         source = steps[r] == best && best >= 0 ? r : -1;
     }
-    free(steps);
     if (st != RG_OK) {
-        return st;
+        goto out;
     }
     if (source < 0) {
-        return rg_error(RG_ENOENT, "regroup: no member of round %d holds a state (every one "
-                        "is a replacement)", ctx->round);
+        st = rg_error(RG_ENOENT, "regroup: no member of round %d holds a state (every one is "
+                      "a replacement)", ctx->round);
+        goto out;
     }
-    int64_t hdr[HDR_WORDS] = {(int64_t)rs->n_bufs, (int64_t)total, (int64_t)my_cursor->seed,
-                              (int64_t)my_cursor->epoch, (int64_t)my_cursor->step};
-    st = rg_comm_broadcast(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, source, NULL);
-    int64_t ok = hdr[0] == (int64_t)rs->n_bufs && hdr[1] == (int64_t)total ? 1 : 0;
-    if (st == RG_OK) {
-        st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, &ok, 1, RG_DTYPE_I64, RG_OP_MIN,
-                               NULL);
+    for (int r = 0; r < world; r++) {
+        if (steps[r] != best) {
+            peers[n_peers++] = r;
+        }
     }
-    if (st == RG_OK && !ok) {
-        st = rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
-                      "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
-    }
-    if (st == RG_OK && view != NULL) {
+    if (view != NULL) {
         st = train_table_move(ctx, rs->table, view, &from_others, &from_buddy, &from_node);
+        if (st != RG_OK) {
+            goto out;
+        }
     }
     bool is_source = ctx->rank == source;
-    if (st == RG_OK && !is_source && total > 0) {
-        scratch = malloc(total);
-        if (scratch == NULL) {
-            st = rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
+    bool receives = steps[ctx->rank] != best;
+    int64_t hdr[HDR_WORDS] = {(int64_t)my_cursor->seed, (int64_t)my_cursor->epoch,
+                              (int64_t)my_cursor->step};
+    if (is_source && n_peers > 0) {
+        rg_info("regroup: rank %d sends the state of step %lld (%zu bytes) to %d member%s of "
+                "round %d", ctx->rank, (long long)best, total, n_peers, n_peers > 1 ? "s" : "",
+                ctx->round);
+        for (int j = 0; j < n_peers && st == RG_OK; j++) {
+            st = rg_comm_send(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, peers[j], TAG_STATE_HDR,
+                              NULL);
         }
-    }
-    if (is_source) {
-        rg_info("regroup: rank %d sends the state of step %lld (%zu bytes) to round %d",
-                ctx->rank, (long long)best, total, ctx->round);
-    } else {
+        if (st == RG_OK) {
+            st = state_stream(ctx, rs, true, peers, n_peers, NULL, xfer_chunk_bytes(),
+                              &failed_buf);
+        }
+    } else if (receives) {
         rg_info("regroup: rank %d receives the state of step %lld (%zu bytes) from rank %d "
                 "in round %d", ctx->rank, (long long)best, total, source, ctx->round);
-    }
-    size_t off = 0;
-    size_t i = 0;
-    for (; i < rs->n_bufs && st == RG_OK; i++) {
-        void *dst = is_source ? rs->bufs[i].data : scratch + off;
-        if (rs->bufs[i].bytes > 0) {
-            st = rg_comm_broadcast(ctx->comm, dst, rs->bufs[i].bytes, RG_DTYPE_U8, source,
-                                   NULL);
+        /* Without a state of its own (step < 0) there is nothing to keep. */
+        if (*my_step >= 0 && total > 0) {
+            scratch = malloc(total);
+            if (scratch == NULL) {
+                st = rg_error(RG_ENOMEM, "regroup: %zu bytes of state", total);
+            }
         }
-        off += rs->bufs[i].bytes;
+        if (st == RG_OK) {
+            st = rg_comm_recv(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, source, TAG_STATE_HDR,
+                              NULL);
+        }
+        if (st == RG_OK) {
+            st = state_stream(ctx, rs, false, &source, 1, scratch, xfer_chunk_bytes(),
+                              &failed_buf);
+        }
+    } else if (ctx->rank == 0 && n_peers == 0) {
+        rg_info("regroup: every member of round %d holds the state of step %lld",
+                ctx->round, (long long)best);
     }
     if (st != RG_OK) {
         /* The group is unusable. Destroyed first: UCX writes no more into a failed
-         * operation's buffers once it is (comm.h). This member's state stays as it was. */
+         * operation's buffers once it is (comm.h). A receiver with a state of its own keeps
+         * it; a replacement's buffers hold a part of it, and it still has no state. */
         rg_comm_destroy(ctx->comm);
         ctx->comm = NULL;
-        free(scratch);
-        train_table_view_free(view);
-        if (!is_source && i > 0) {
+        if (failed_buf > 0 && is_source) {
+            rg_info("regroup: the state to round %d's members broke off in buffer %zu of %zu",
+                    ctx->round, failed_buf, rs->n_bufs);
+        } else if (failed_buf > 0 && *my_step >= 0) {
             rg_info("regroup: the state from rank %d broke off in buffer %zu of %zu: this "
-                    "rank's state stays that of step %lld", source, i, rs->n_bufs,
+                    "rank's state stays that of step %lld", source, failed_buf, rs->n_bufs,
                     (long long)*my_step);
+        } else if (failed_buf > 0) {
+            rg_info("regroup: the state from rank %d broke off in buffer %zu of %zu: this "
+                    "rank still has no state", source, failed_buf, rs->n_bufs);
         }
-        return st;
+        goto out;
     }
-    if (!is_source) {
-        off = 0;
-        for (size_t i = 0; i < rs->n_bufs; i++) {
+    if (receives) {
+        size_t off = 0;
+        for (size_t i = 0; scratch != NULL && i < rs->n_bufs; i++) {
             memcpy(rs->bufs[i].data, scratch + off, rs->bufs[i].bytes);
             off += rs->bufs[i].bytes;
         }
-        free(scratch);
-        *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[2], .epoch = (uint64_t)hdr[3],
-                                        .step = (uint64_t)hdr[4]};
+        *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[0], .epoch = (uint64_t)hdr[1],
+                                        .step = (uint64_t)hdr[2]};
     }
     *my_step = best;
     if (view != NULL) {
@@ -291,14 +407,21 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                 "buddy copies and %zu from node copies (%zu sent by other members)",
                 (long long)best, from_buddy, from_node, from_others);
         st = train_table_settle(ctx, rs->table, view);
+        view = NULL;
         if (st != RG_OK) {
-            return st;
+            goto out;
         }
     }
-    rs->received = !is_source;
+    rs->received = receives;
     rs->source = source;
     rs->step_out = best;
-    return RG_OK;
+out:
+    train_table_view_free(view);
+    free(scratch);
+    free(peers);
+    free(steps);
+    free(words);
+    return st;
 }
 
 rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)

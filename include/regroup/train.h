@@ -298,7 +298,8 @@ rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *table, 
 typedef struct {
     /* in (a replacement's are ignored; its buffers get the state) */
     int64_t          step;       /* the steps this rank's state holds (completed), >= 0 */
-    rg_train_buf_t  *bufs;       /* the replicated state: overwritten with the source's */
+    rg_train_buf_t  *bufs;       /* the replicated state of `step`: overwritten with the
+                                    source's when step is not the one agreed on */
     size_t           n_bufs;     /* same count and sizes on every rank */
     rg_data_cursor_t cursor;     /* where the data stream goes on from that state */
     rg_train_table_t *table;     /* the sharded state, or NULL: re-laid out for the new rank
@@ -309,7 +310,8 @@ typedef struct {
     int              round;
     int64_t          step_out;   /* the step every member continues from */
     int              source;     /* the rank (new numbering) whose state every member took */
-    bool             received;   /* this rank's buffers were overwritten from the source */
+    bool             received;   /* this rank's buffers were overwritten from the source
+                                    (false for the source and every member at step_out) */
 } rg_train_regroup_t;
 
 /*
@@ -323,8 +325,10 @@ typedef struct {
  * at a later step boundary), builds the new group, and agrees on the state: the members
  * exchange their steps, the newest wins (a survivor that finished the failed step's
  * allreduce holds a valid newer state; the lowest rank holding it is the source) and it is
- * broadcast over the group to every member, with its data cursor (the cursor is global: its
- * shards follow from the new rank and world size). The sharded table (rs->table) is found
+ * sent, with its data cursor, to the members at another step (a replacement, a survivor that
+ * did not finish the failed step); a member at that step keeps its buffers, since the group's
+ * collectives give every rank the same bytes (the cursor is global: its shards follow from
+ * the new rank and world size). The sharded table (rs->table) is found
  * at the same step and moved to its new owners (rg_train_table_t); the step agreed on is then
  * the newest at which some member holds the replicated state and every row is held. Then a
  * new checkpointer for the new rank and world.
