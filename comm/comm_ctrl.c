@@ -61,6 +61,9 @@ void comm_ctrl_handle(rg_comm_t *comm, size_t len)
         if (about >= 0 && about < comm->size) {
             (void)comm_fail(comm, RG_EPEER, about, false, "rank %d failed (reported by rank %d)",
                             about, from);
+        } else if (about == COMM_ABOUT_ABANDONED) {
+            (void)comm_fail(comm, RG_EPEER, -1, false, "rank %d gave the group up: a member "
+                            "is lost", from);
         } else {
             (void)comm_fail(comm, RG_EPEER, from, false, "rank %d aborted the group", from);
         }

@@ -120,7 +120,7 @@ rg_status_t comm_fail(rg_comm_t *comm, rg_status_t status, int rank, bool tell_p
         return comm_unhealthy_error(comm, "operation");
     }
     comm->healthy = false;
-    comm->failed_rank = rank;
+    comm->failed_rank = rank >= 0 ? rank : -1;   /* (an abandoned group: none known) */
     comm->fail_status = status;
     va_list ap;
     va_start(ap, fmt);

@@ -163,6 +163,9 @@ struct rg_comm {
     uint64_t      ctrl_buf[2];
     rg_status_t   fail_status;
     char          fail_msg[256];
+    bool        (*abandon)(void *arg, char *why, size_t cap); /* rg_comm_params_t's */
+    void         *abandon_arg;
+    uint64_t      abandon_next_ns; /* when to ask it next */
 };
 
 /* ---- comm_group.c ---------------------------------------------------------------------- */
@@ -177,6 +180,8 @@ void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
 
 #define COMM_CLOSE_WAIT_MS 200
 #define COMM_ABORT_WAIT_MS 20
+#define COMM_ABANDON_POLL_NS 1000000     /* rg_comm_params_t.abandon: once a millisecond */
+#define COMM_ABOUT_ABANDONED (-2)        /* an abort message's `about`: given up (abandon) */
 
 /* Whether UCX_TLS allows shared memory (unset: yes). */
 bool        comm_tls_has_mm(void);

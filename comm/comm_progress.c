@@ -11,9 +11,8 @@
 /* With only shared-memory requests posted, UCX is progressed in one pass of this many. */
 #define COMM_SHM_UCX_EVERY 16
 
-static void comm_check_deadlines(rg_comm_t *comm)
+static void comm_check_deadlines(rg_comm_t *comm, uint64_t now)
 {
-    uint64_t now = rg_now_ns();
     for (rg_comm_req_t *req = comm->head; req != NULL; req = req->next) {
         if (now < req->deadline) {
             continue;
@@ -46,6 +45,22 @@ static void comm_check_deadlines(rg_comm_t *comm)
                         "%s: deadline passed waiting for %s %s", req->name,
                         n_who == 1 ? "rank" : "ranks", first < 0 ? "?" : who);
         return;
+    }
+}
+
+/* The caller's rg_comm_params_t.abandon, while a request waits: a member it knows is lost
+ * fails the group now rather than at UCX's keepalive. */
+static void comm_check_abandon(rg_comm_t *comm, uint64_t now)
+{
+    char why[200];
+    if (comm->abandon == NULL || !comm->healthy || comm->head == NULL ||
+        now < comm->abandon_next_ns) {
+        return;
+    }
+    comm->abandon_next_ns = now + COMM_ABANDON_POLL_NS;
+    if (comm->abandon(comm->abandon_arg, why, sizeof(why))) {
+        why[sizeof(why) - 1] = '\0';
+        (void)comm_fail(comm, RG_EPEER, COMM_ABOUT_ABANDONED, true, "%s", why);
     }
 }
 
@@ -92,7 +107,9 @@ bool comm_progress(rg_comm_t *comm)
     }
     /* A clock read every few passes is enough: a pass takes well under a microsecond. */
     if (comm->healthy && (pass & 7) == 0) {
-        comm_check_deadlines(comm);
+        uint64_t now = rg_now_ns();
+        comm_check_deadlines(comm, now);
+        comm_check_abandon(comm, now);
     }
     return moved;
 }

@@ -320,6 +320,8 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     if (st != RG_OK) {
         return st;
     }
+    comm->abandon = params->abandon;
+    comm->abandon_arg = params->abandon_arg;
     rg_etcd_t *etcd = params->etcd;
     rg_etcd_t *own = NULL;
     if (etcd == NULL) {

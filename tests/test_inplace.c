@@ -189,6 +189,29 @@ START_TEST(test_inplace_kill_in_allreduce)
 }
 END_TEST
 
+/* A worker dies while the others wait for it in an allreduce, and UCX would not say so for a
+ * minute (keepalive and operation timeout at 60 s): the survivors give their group up as
+ * soon as their agent joins the next, smaller round, and the job ends exactly in place.
+ * Before, they waited for UCX's keepalive (about 0.1 s by default; here past the test). */
+START_TEST(test_inplace_member_lost_before_keepalive)
+{
+    char *extra[] = {"--kill-at", "27", "--kill-rank", "2", "--kill-in-allreduce"};
+    setenv("UCX_KEEPALIVE_INTERVAL", "60s", 1);
+    setenv("REGROUP_COMM_TIMEOUT_MS", "60000", 1);
+    pid_t job = start_one_node("lost", 4, extra, 5);
+    unsetenv("UCX_KEEPALIVE_INTERVAL");
+    unsetenv("REGROUP_COMM_TIMEOUT_MS");
+    ck_assert_int_eq(test_wait_exit(job, 40000), 0);
+    ck_assert(test_log_has(dir, "lost", "exact=1"));
+    ck_assert(test_log_has(dir, "lost", "killing myself in the allreduce of step 27"));
+    ck_assert_msg(test_log_has(dir, "lost", "a member of round 0 is lost: this node's agent "
+                               "joined round 1 of 3 ranks"),
+                  "the survivors did not give their group up when the agent joined round 1");
+    ck_assert(!test_log_has(dir, "lost", "resumed from step"));
+    check_pids("lost", 4, 3);
+}
+END_TEST
+
 START_TEST(test_inplace_two_faults)
 {
     char *extra[] = {"--kill-at", "20", "--kill-again", "45", "--kill-rank", "1"};
@@ -931,6 +954,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_print_config);
     tcase_add_test(tc, test_inplace_kill_between_steps);
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
+    tcase_add_test(tc, test_inplace_member_lost_before_keepalive);
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_replacement_ready_after_the_end);
     tcase_add_test(tc, test_inplace_node_loss);

@@ -128,6 +128,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
                     strcmp(recovery, "in-place") == 0;
     ctx->joining = ctx->in_place && join != NULL && strcmp(join, "1") == 0;
     if (!ctx->joining) {
+        if (ctx->in_place) {
+            train_group_watch(ctx, ctx->round, ctx->world, &env->params);
+        }
         st = rg_comm_create(&env->params, &ctx->comm);
         if (st != RG_OK) {
             goto err;

@@ -47,6 +47,8 @@ struct rg_train_ctx {
     int              fenced_round;   /* a write of this round was fenced while the agent
                                       * lives: the job moved on, a regroup is due; or -1 */
     int64_t          comm_timeout_ms;/* the group's, for the groups regroup makes */
+    int              group_round;    /* the round and world of the group being made or in */
+    int              group_world;    /*   use, for train_group_watch */
     unsigned         keep_last;      /* the checkpointer's, for the one regroup makes */
     int              commit_ms;
     size_t           staging_bytes;
@@ -63,6 +65,11 @@ struct rg_train_ctx {
     bool             table_made;     /* rg_train_table_create was called (one per worker) */
 };
 
+/* train_regroup.c: sets params' abandon hook for the group of `round` at `world` in an
+ * in-place job: the group is given up once the agent assigns this worker a newer round of
+ * fewer ranks (a member is lost: the collectives would wait for it until UCX's keepalive
+ * says so). */
+void train_group_watch(rg_train_ctx_t *ctx, int round, int world, rg_comm_params_t *params);
 /* Waits for the checkpoint in flight until deadline and releases it: its result. With a
  * deadline of the caller's (not RG_DEADLINE_DEFAULT), RG_ETIMEDOUT with the save still
  * running keeps it in flight (ctx->save stays). */

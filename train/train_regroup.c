@@ -125,6 +125,34 @@ static void leave_group(rg_train_ctx_t *ctx)
     ctx->comm = NULL;
 }
 
+/* The group's abandon hook (train_group_watch): the agent has assigned this worker a round
+ * newer than the group's with fewer ranks. Its agent closes that round within milliseconds
+ * of a local worker's death (and others' agents once the lost member's lease is gone),
+ * where UCX would tell the survivors of the death only at its next keepalive (about 100 ms
+ * over shared memory). A newer round of as many ranks or more is a planned change (a
+ * replacement ready, a node joining): the members finish their step and regroup at its end,
+ * and their collectives are not given up. One shared-memory read. */
+static bool group_member_lost(void *arg, char *why, size_t cap)
+{
+    rg_train_ctx_t *ctx = arg;
+    rg_notice_assign_t a;
+    if (!rg_notice_read_assign(&ctx->notice, &a) || a.round <= ctx->group_round ||
+        a.world >= ctx->group_world || ctx->local_rank >= a.n || a.rank[ctx->local_rank] < 0) {
+        return false;
+    }
+    snprintf(why, cap, "a member of round %d is lost: this node's agent joined round %d of "
+             "%d ranks", ctx->group_round, a.round, a.world);
+    return true;
+}
+
+void train_group_watch(rg_train_ctx_t *ctx, int round, int world, rg_comm_params_t *params)
+{
+    ctx->group_round = round;
+    ctx->group_world = world;
+    params->abandon = group_member_lost;
+    params->abandon_arg = ctx;
+}
+
 /* Waits for an assignment of round min_round or newer that includes this worker. */
 static rg_status_t wait_assignment(rg_train_ctx_t *ctx, int min_round, rg_deadline_t deadline,
                                    rg_notice_assign_t *a)
@@ -165,6 +193,7 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
                            .etcd = ctx->etcd, .key_prefix = prefix,
                            .timeout_ms = ctx->comm_timeout_ms,
                            .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS))};
+    train_group_watch(ctx, a->round, a->world, &cp);
     st = rg_comm_create(&cp, &ctx->comm);
     if (st != RG_OK) {
         ctx->comm = NULL;

@@ -97,6 +97,13 @@ typedef struct {
     const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
     int64_t     timeout_ms;      /* each operation's default timeout; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
+    /* Optional: asked about once a millisecond while a request waits whether the group is
+     * to be given up, for a caller that learns of a lost member sooner than UCX (whose
+     * keepalive finds a dead peer within about one interval). Returning true with a reason
+     * in why fails the group with RG_EPEER, as a dead peer does, and tells the live peers.
+     * Called from the progress pass: it must not call back into the group. */
+    bool      (*abandon)(void *arg, char *why, size_t cap);
+    void       *abandon_arg;
 } rg_comm_params_t;
 
 /* Caller storage for the parameters read from a launcher's environment. */
