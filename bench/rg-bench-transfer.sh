@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How fast an in-place regroup moves the replicated state to a replacement, against the
-# transport's own broadcast bandwidth. Per cell (world 2 and 4, shared memory and tcp):
+# transport's own point-to-point bandwidth. Per cell (world 2 and 4, shared memory and tcp):
 #   regroup    rg-exact under `regroup --standalone --recovery=in-place`, N workers, rank 1
 #              SIGKILLing itself at step --kill-at, with --state-kb KB of extra replicated
 #              state (256 MiB by default) that only regroups carry. The replacement joins in
@@ -19,10 +19,10 @@
 #              between two completed steps less the median gap (the fault, the regroup at
 #              world N-1, the join: both may fall in one gap), and rank 0's own regroup into
 #              round M (join_regroup_s).
-#   reference  bench/rg-bench-comm.sh -n 2 [--tls tcp] -r 1 -- --op=broadcast --dtype=u8
-#              --sizes=KB*1024: rg_comm_broadcast of the same size between two ranks over the
-#              same transport (one sender, one receiver, as in the transfer), on a group of
-#              its own (ref_GBps: bytes / latency).
+#   reference  bench/rg-bench-comm.sh -n 2 [--tls tcp] -r 1 -- --op=send --dtype=u8
+#              --sizes=KB*1024: rg_comm_send of the same size from one rank to another over
+#              the same transport (one sender, one receiver, as in the transfer), on a group
+#              of its own, into a buffer it reuses (ref_GBps: bytes / latency).
 # The two alternate within each repetition (the order swaps every repetition), so the
 # ratio transfer_GBps / ref_GBps is taken per repetition; each cell's line gives medians with
 # min and max over the repetitions (>= 5) and "half": "yes" when every ratio is >= 0.5,
@@ -182,13 +182,13 @@ EOF
         { rg_bench_show "$d/log"; rg_bench_fail "$d: the run's figures are not all there"; }
 }
 
-# rg-bench-comm's broadcast of the same size on 2 ranks over transport $2, for the cell of $1
+# rg-bench-comm's send of the same size between 2 ranks over transport $2, for the cell of $1
 # ranks (repetition $3).
 run_ref() {
     local d="$out/ref-$2-$1-$3" rc=0
     local tls=(); [[ "$2" == tcp ]] && tls=(--tls tcp)
     timeout 300 "$here/rg-bench-comm.sh" -n 2 "${tls[@]}" -r 1 --build "$build" -- \
-        --op=broadcast --dtype=u8 --sizes="$bytes" --seconds="$seconds" >"$d.out" 2>"$d.err" ||
+        --op=send --dtype=u8 --sizes="$bytes" --seconds="$seconds" >"$d.out" 2>"$d.err" ||
         rc=$?
     ((rc == 0)) || { rg_bench_show "$d.out" "$d.err"; rg_bench_fail "$d: rg-bench-comm.sh exited $rc"; }
     /usr/bin/python3 - "$d.out" "$1" "$2" "$3" "$bytes" <<'EOF' | tee -a "$out/runs.jsonl" ||
@@ -196,9 +196,9 @@ import json, sys
 path, n, transport, rep, want = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), \
     int(sys.argv[5])
 rows = [json.loads(l) for l in open(path) if l.startswith('{"bench":"comm",')]
-rows = [j for j in rows if j.get("op") == "broadcast" and j.get("bytes") == want]
+rows = [j for j in rows if j.get("op") == "send" and j.get("bytes") == want]
 if len(rows) != 1 or rows[0].get("ranks") != 2 or rows[0].get("checked") is not True:
-    sys.exit(f"rg-bench-transfer.sh: {path}: not one checked broadcast of {want} bytes on 2 ranks")
+    sys.exit(f"rg-bench-transfer.sh: {path}: not one checked send of {want} bytes on 2 ranks")
 j = rows[0]
 lat = j["latency_us"] / 1e6
 print(json.dumps({"bench": "transfer-run", "kind": "reference", "ranks": n,
@@ -207,7 +207,7 @@ print(json.dumps({"bench": "transfer-run", "kind": "reference", "ranks": n,
                   "latency_s": round(lat, 6), "ref_GBps": round(want / lat / 1e9, 4),
                   "ucx_tls": j["transport"]}))
 EOF
-        { rg_bench_show "$d.out"; rg_bench_fail "$d: no broadcast figure"; }
+        { rg_bench_show "$d.out"; rg_bench_fail "$d: no send figure"; }
 }
 
 for ((r = 0; r < reps; r++)); do

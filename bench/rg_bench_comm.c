@@ -16,7 +16,9 @@
  * algbw = bytes / latency, busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
  * reduce_scatter (bytes = the whole gathered / scattered buffer), 1 for broadcast.
  *
- *   rg-bench-comm [--op=allreduce,allgather,reduce_scatter,broadcast] [--dtype=f32]
+ * The op "send" is point to point: rank 0 sends the buffer to rank 1 (rg_comm_send and
+ * rg_comm_recv; any other rank waits), checked on rank 1.
+ *   rg-bench-comm [--op=allreduce,allgather,reduce_scatter,broadcast,send] [--dtype=f32]
  *                 [--sizes=8,65536,1048576] [--seconds=0.5]
  *   rg-bench-comm --memcpy     memcpy bandwidth of this host (no group; one JSON line)
  */
@@ -131,7 +133,7 @@ static void fill_inputs(const bench_case_t *c, int rank, char *in, char *out)
     for (size_t i = 0; i < n; i++) {
         elem_set(in, c->dtype, i, input_of(rank, i));
     }
-    if (strcmp(c->op, "broadcast") == 0) {
+    if (strcmp(c->op, "broadcast") == 0 || strcmp(c->op, "send") == 0) {
         for (size_t i = 0; i < n; i++) {
             elem_set(out, c->dtype, i, rank == 0 ? input_of(0, i) : -1.0);
         }
@@ -143,6 +145,9 @@ static int check_result(const bench_case_t *c, int rank, int nranks, const char 
 {
     size_t n = c->bytes / rg_dtype_size(c->dtype);
     size_t per_rank = n / (size_t)nranks;
+    if (strcmp(c->op, "send") == 0 && rank != 1) {
+        return 0;   /* the sender's buffer, and the bystanders' */
+    }
     double ranks_sum = (double)nranks * (nranks + 1) / 2;
     if ((c->dtype == RG_DTYPE_U8 || c->dtype == RG_DTYPE_F16 || c->dtype == RG_DTYPE_BF16) &&
         nranks > 8 && strcmp(c->op, "allgather") != 0 && strcmp(c->op, "broadcast") != 0) {
@@ -192,6 +197,12 @@ static rg_status_t bench_once(rg_comm_t *comm, const bench_case_t *c, char *in, 
     if (strcmp(c->op, "broadcast") == 0) {
         return rg_comm_broadcast(comm, out, n, c->dtype, 0, NULL);
     }
+    if (strcmp(c->op, "send") == 0) {
+        int rank = rg_comm_rank(comm);
+        return rank == 0 ? rg_comm_send(comm, out, n, c->dtype, 1, 1, NULL)
+               : rank == 1 ? rg_comm_recv(comm, out, n, c->dtype, 0, 1, NULL)
+                           : RG_OK;
+    }
     return rg_error(RG_EINVAL, "unknown op %s", c->op);
 }
 
@@ -200,7 +211,7 @@ static double bus_factor(const char *op, int n)
     if (strcmp(op, "allreduce") == 0) {
         return 2.0 * (n - 1) / n;
     }
-    if (strcmp(op, "broadcast") == 0) {
+    if (strcmp(op, "broadcast") == 0 || strcmp(op, "send") == 0) {
         return 1.0;
     }
     return (double)(n - 1) / n;
@@ -359,7 +370,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < n_sizes && rc == 0; i++) {
             bench_case_t c = {.op = op, .dtype = (rg_dtype_t)dtype, .bytes = sizes[i]};
             size_t unit = rg_dtype_size(c.dtype) *
-                          (strcmp(op, "allreduce") && strcmp(op, "broadcast")
+                          (strcmp(op, "allreduce") && strcmp(op, "broadcast") &&
+                                   strcmp(op, "send")
                                ? (size_t)env.params.size
                                : 1);
             if (c.bytes < unit) {

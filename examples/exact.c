@@ -384,7 +384,7 @@ static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row
 }
 
 /* --state-kb: words that are a function of the step they stand for (step -1: none yet, a
- * replacement's zeros). Only regroups move them, so they are filled just before one. */
+ * replacement's own). Only regroups move them, so they are filled just before one. */
 typedef struct {
     uint64_t *w;
     size_t    n;
@@ -398,14 +398,21 @@ static uint64_t extra_word(int64_t step, size_t i)
     return mix((uint64_t)step * 0x100000001b3ull ^ mix(i));
 }
 
-/* The extra state, made to hold the step's words (a replacement's stay zeros). */
+/* The extra state, made to hold the step's words (a replacement's hold those of step -1).
+ * It is written when it is made, as a program builds its model before it joins: a
+ * replacement's pages are then in memory before the state arrives, not faulted in by the
+ * transfer. (Not zeros: malloc and memset to 0 may become a calloc, whose pages are
+ * mapped only when first written.) */
 static rg_status_t extra_fill(const options_t *o, int64_t step, bool joining)
 {
     if (extra.w == NULL) {
         extra.n = (size_t)o->state_kb * 1024 / sizeof(uint64_t);
-        extra.w = calloc(extra.n, sizeof(uint64_t));
+        extra.w = malloc(extra.n * sizeof(uint64_t));
         if (extra.w == NULL) {
             return rg_error(RG_ENOMEM, "%lld KiB of extra state", (long long)o->state_kb);
+        }
+        for (size_t i = 0; i < extra.n; i++) {
+            extra.w[i] = extra_word(-1, i);
         }
     }
     if (!joining && extra.step != step) {
@@ -451,8 +458,14 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
     buf[rs.n_bufs++] = (rg_train_buf_t){.data = state,
                                         .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
-    if (st == RG_OK && o->state_kb > 0) {
+    if (st == RG_OK && o->state_kb > 0 && rs.received) {
         st = extra_check(rs.step_out);
+    } else if (st == RG_OK && o->state_kb > 0 && extra.step != rs.step_out) {
+        /* A member that received nothing must already hold the step agreed on (its words
+         * are checked word by word at the end, as every rank's are). */
+        st = rg_error(RG_ECORRUPT, "the extra state is that of step %lld, the regroup's of "
+                      "step %lld, and none was received", (long long)extra.step,
+                      (long long)rs.step_out);
     }
     if (st != RG_OK) {
         return st;

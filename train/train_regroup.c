@@ -11,10 +11,10 @@
  *      for a dead peer's shard (never committed, never visible);
  *   2. wait for an assignment newer than this worker's round that includes it;
  *   3. build that round's group (its wire-up keys are the round's own);
- *   4. agree on the state: an allgather of every member's step, buffer count and bytes; the
- *      newest step wins, its lowest rank is the source, and it sends the state (its cursor,
- *      then every buffer in chunks) to the members at another step only: a replacement,
- *      or a survivor that did not finish the failed step. A receiver with a state of its
+ *   4. agree on the state: an allgather of every member's step, buffer count, bytes and
+ *      chunk size; the newest step wins, its lowest rank is the source, and it sends the
+ *      state (its cursor, then every buffer in chunks) to the members at another step only:
+ *      a replacement, or a survivor that did not finish the failed step. A receiver with a state of its
  *      own takes the bytes into scratch memory and copies them only once all arrived, so a
  *      source that dies mid-transfer leaves that state as it was, and the next attempt
  *      agrees again; a replacement receives into its buffers;
@@ -36,13 +36,15 @@
 #define CREATE_ATTEMPT_MS   3000    /* one wire-up; then look for a newer round */
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
 #define NEWER_WAIT_MS       1000    /* after a failed attempt: a newer round, or the same */
-#define AGREE_WORDS         3       /* each member's step, buffer count and bytes */
+#define AGREE_WORDS         4       /* each member's step, buffer count, bytes and chunk */
 #define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
-#define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES, at most) */
+#define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES: at most; */
+                                                /* the members take the smallest of theirs) */
 #define XFER_WINDOW         4                   /* this many in flight per receiver */
-#define TAG_STATE_HDR       0xfffc0000u         /* point-to-point tags (train_table.c has */
-#define TAG_STATE           0xfffd0000u         /* 0xfffe0000 and up): + chunk mod 65536 */
+/* Point-to-point tags (train_table.c has 0xfffe0000 and up); chunks: + the chunk mod 65536 */
+#define TAG_STATE_HDR       0xfffc0000u
+#define TAG_STATE           0xfffd0000u
 #define TAG_STATE_CHUNKS    0xffffu
 
 bool rg_train_in_place(const rg_train_ctx_t *ctx)
@@ -286,7 +288,7 @@ static size_t xfer_chunk_bytes(void)
 }
 
 /* Step 4: agree on the newest state and bring every member to it. An allgather of every
- * member's step, buffer count and bytes; the newest step wins (with a sharded table, the
+ * member's step, buffer count, bytes and chunk size; the newest step wins (with a sharded table, the
  * newest at which its rows are all held too), its lowest rank is the source, and only the
  * members at another step (a replacement, a survivor that did not finish the failed step)
  * receive it: the others already hold it, since the group's collectives give every rank the
@@ -308,6 +310,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     size_t from_node = 0;
     size_t total = 0;
     size_t failed_buf = 0;
+    size_t chunk = XFER_CHUNK_MAX;   /* the smallest of the members' */
     int64_t best = -1;
     int source = -1;
     int n_peers = 0;
@@ -325,6 +328,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     mine[0] = *my_step;
     mine[1] = (int64_t)rs->n_bufs;
     mine[2] = (int64_t)total;
+    mine[3] = (int64_t)xfer_chunk_bytes();
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, words, AGREE_WORDS, RG_DTYPE_I64,
                            NULL);
     for (int r = 0; st == RG_OK && r < world; r++) {
@@ -332,11 +336,15 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         best = RG_MAX(best, steps[r]);
         differ |= words[(size_t)r * AGREE_WORDS + 1] != mine[1] ||
                   words[(size_t)r * AGREE_WORDS + 2] != mine[2];
+        int64_t c = words[(size_t)r * AGREE_WORDS + 3];
+        differ |= c < 1 || c > (int64_t)XFER_CHUNK_MAX;
+        chunk = c >= 1 ? RG_MIN(chunk, (size_t)c) : chunk;
     }
     if (st == RG_OK && differ) {
         /* Every member sees the same words: all of them fail here. */
         st = rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
-                      "size (this rank: %zu buffers, %zu bytes)", rs->n_bufs, total);
+                      "size (this rank: %zu buffers, %zu bytes), or a chunk size is out of "
+                      "range", rs->n_bufs, total);
     }
     if (st == RG_OK && best >= 0 && rs->table != NULL) {
         st = train_table_find(ctx, rs->table, steps, &best, &view);
@@ -376,8 +384,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                               NULL);
         }
         if (st == RG_OK) {
-            st = state_stream(ctx, rs, true, peers, n_peers, NULL, xfer_chunk_bytes(),
-                              &failed_buf);
+            st = state_stream(ctx, rs, true, peers, n_peers, NULL, chunk, &failed_buf);
         }
     } else if (receives) {
         rg_info("regroup: rank %d receives the state of step %lld (%zu bytes) from rank %d "
@@ -394,8 +401,7 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                               NULL);
         }
         if (st == RG_OK) {
-            st = state_stream(ctx, rs, false, &source, 1, scratch, xfer_chunk_bytes(),
-                              &failed_buf);
+            st = state_stream(ctx, rs, false, &source, 1, scratch, chunk, &failed_buf);
         }
     } else if (ctx->rank == 0 && n_peers == 0) {
         rg_info("regroup: every member of round %d holds the state of step %lld",
