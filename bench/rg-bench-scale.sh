@@ -17,6 +17,11 @@
 #           pause_s      as above; it includes detecting the loss: b's lease (TTL 2 s) must
 #                        run out before the survivors' next round closes
 #           redone, job_s  as above (job_s: both started to a's exit)
+#   kill  three agents (a, b, c) of 2 workers each start together (last call 6 s: all are in
+#         round 0 at world 6, checked), and rank 1 (node a's second worker) SIGKILLs itself
+#         at step --at; in place its agent replaces it and the job goes on at world 5 until
+#         the replacement joins, in restart mode every worker restarts. pause_s, redone and
+#         job_s as above (job_s: the three started to the last one's exit).
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
 # load averages at its start and end. A run that does not end with exact=1 at the expected
@@ -25,7 +30,7 @@
 # (rg_bench_steps.py). Holds /tmp/regroup-bench.lock so that no two benchmarks run at once.
 #
 #   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
-#                           [--scenario join|loss|both]
+#                           [--scenario join|loss|kill|both|all]   (both: join and loss)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/bench_lib.sh"
@@ -36,7 +41,7 @@ work=100000
 epochs=6
 at=15
 scenarios="join loss"
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|both]"
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|both|all]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -45,8 +50,8 @@ while (($#)); do
         --epochs) epochs=$2; shift 2 ;;
         --at) at=$2; shift 2 ;;
         --scenario)
-            case "$2" in join|loss) scenarios=$2 ;; both) scenarios="join loss" ;;
-                *) echo "$usage" >&2; exit 2 ;; esac
+            case "$2" in join|loss|kill) scenarios=$2 ;; both) scenarios="join loss" ;;
+                all) scenarios="join loss kill" ;; *) echo "$usage" >&2; exit 2 ;; esac
             shift 2 ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
@@ -97,14 +102,17 @@ now_ms() { rg_bench_now_ms; }
 fail() { rg_bench_fail "$@"; }
 show() { rg_bench_show "$@"; }
 
-# Node $2's agent for run directory $1 (mode $3, job id $4, --rdzv-conf $5), in the
-# background; its pid (the agent's own: b's is SIGKILLed) is appended to pids. Every agent's
-# life is bounded: the waits below have deadlines and cleanup kills what is left.
+# Node $2's agent for run directory $1 (mode $3, job id $4, --rdzv-conf $5, --nnodes $6 or
+# 1:2, rg-exact's further arguments after them), in the background; its pid (the agent's
+# own: b's is SIGKILLed) is appended to pids. Every agent's life is bounded: the waits below
+# have deadlines and cleanup kills what is left.
 agent() {
-    REGROUP_CKPT_DIR="$1/ckpt" "$build/regroup" --rdzv-endpoint="127.0.0.1:$cport" \
-        --rdzv-id="$4" --nnodes=1:2 --nproc-per-node=2 --max-restarts=3 --recovery="$3" \
-        --rdzv-conf="$5" "$build/examples/rg-exact" --epochs "$epochs" --work "$work" \
-        --step-log "$1/steps.txt" >"$1/$2.log" 2>&1 &
+    local d=$1 name=$2 mode=$3 id=$4 conf=$5 nnodes=${6:-1:2}
+    shift $(($# < 6 ? $# : 6))
+    REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --rdzv-endpoint="127.0.0.1:$cport" \
+        --rdzv-id="$id" --nnodes="$nnodes" --nproc-per-node=2 --max-restarts=3 \
+        --recovery="$mode" --rdzv-conf="$conf" "$build/examples/rg-exact" --epochs "$epochs" \
+        --work "$work" --step-log "$d/steps.txt" "$@" >"$d/$name.log" 2>&1 &
     pids+=($!)
 }
 
@@ -124,7 +132,7 @@ wait_agent() { rg_bench_wait_child "$1" 300000; }
 # The run's result: exactly one exact= line, exact=1 at world size $2.
 check_exact() {
     local line
-    line=$(cat "$1"/[ab].log | grep -a '^exact=' || true)
+    line=$(cat "$1"/[abc].log | grep -a '^exact=' || true)
     [[ "$(grep -c . <<<"$line")" == 1 && "$line" == exact=1* && "$line" == *" world=$2" ]] ||
         { show "$1"/*.log; fail "$1: not exact at world size $2: ${line:-no exact= line}"; }
 }
@@ -182,6 +190,33 @@ run_loss() { # $1 = mode (restart|in-place), $2 = repetition
     echo "loss $1 $2 $((t1 - t0)) $tk -1" >>"$out/runs.txt"
 }
 
+run_kill() { # $1 = mode (restart|in-place), $2 = repetition
+    local d="$out/kill-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
+    mkdir -p "$d/ckpt"
+    local t0 t1 a b c rca rcb rcc
+    t0=$(now_ms)
+    agent "$d" a "$1" "kill-$1-$2" "$conf" 1:3 --kill-at "$at" --kill-rank 1; a=$!
+    agent "$d" b "$1" "kill-$1-$2" "$conf" 1:3 --kill-at "$at" --kill-rank 1; b=$!
+    agent "$d" c "$1" "kill-$1-$2" "$conf" 1:3 --kill-at "$at" --kill-rank 1; c=$!
+    wait_agent "$a"; rca=$rc
+    wait_agent "$b"; rcb=$rc
+    wait_agent "$c"; rcc=$rc
+    t1=$(now_ms)
+    pids=()
+    [[ "$rca" == 0 && "$rcb" == 0 && "$rcc" == 0 ]] ||
+        { show "$d"/[abc].log; fail "$d: agents exited $rca, $rcb and $rcc"; }
+    local n0
+    n0=$(cat "$d"/[abc].log | grep -ac "round 0: started 2 workers (ranks [0-9]*\.\.[0-9]* of 6," || true)
+    [[ "$n0" == 3 ]] || { show "$d"/[abc].log; fail "$d: not every node was in round 0 at world 6"; }
+    cat "$d"/[abc].log | grep -aq "killing myself at step $at" ||
+        { show "$d"/[abc].log; fail "$d: rank 1 did not kill itself at step $at"; }
+    check_exact "$d" 6
+    if [[ "$1" == in-place ]]; then
+        ! grep -aq "resumed from step" "$d"/[abc].log || fail "$d: resumed from a checkpoint in place"
+    fi
+    echo "kill $1 $2 $((t1 - t0)) -1 -1" >>"$out/runs.txt"
+}
+
 for s in $scenarios; do
     for ((r = 0; r < reps; r++)); do
         if ((r % 2 == 0)); then "run_$s" restart "$r"; "run_$s" in-place "$r"
@@ -209,7 +244,8 @@ def first_at(steps, frm):
     after = [i for i in idx if i > 0 and steps[i - 1][0] >= frm + 1]
     return steps[(after or idx)[0]][1]
 
-for scen in sorted({k[0] for k in runs}, key=["join", "loss"].index):
+names = {"join": "node-joins", "loss": "node-lost", "kill": "worker-sigkill"}
+for scen in sorted({k[0] for k in runs}, key=["join", "loss", "kill"].index):
     jobs = {}
     for mode in ("restart", "in-place"):
         res = []
@@ -220,8 +256,9 @@ for scen in sorted({k[0] for k in runs}, key=["join", "loss"].index):
             extra = (first_at(steps, frm) - event_ms) / 1000.0 if scen == "join" else None
             res.append((pause, redone, step_s, job_s, extra))
             jobs[(mode, r)] = job_s
-        line = {"bench": "scale", "scenario": "node-joins" if scen == "join" else "node-lost",
-                "mode": mode, "nodes": 2, "workers_per_node": 2, "work": work,
+        line = {"bench": "scale", "scenario": names[scen],
+                "mode": mode, "nodes": 3 if scen == "kill" else 2, "workers_per_node": 2,
+                "work": work,
                 "epochs": epochs, "event_at_step": at, "lease_ttl_s": 2, "reps": reps,
                 "pause_s": stats([x[0] for x in res]),
                 "steps_redone": stats([x[1] for x in res]),
@@ -231,7 +268,7 @@ for scen in sorted({k[0] for k in runs}, key=["join", "loss"].index):
         line["job_s"] = stats([x[3] for x in res])
         print(json.dumps({**line, **meta}))
     ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
-    print(json.dumps({"bench": "scale", "scenario": "node-joins" if scen == "join" else "node-lost",
+    print(json.dumps({"bench": "scale", "scenario": names[scen],
                       "job_time_ratio_in_place_over_restart": stats(ratios), "reps": reps, **meta}))
 print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
                   "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
