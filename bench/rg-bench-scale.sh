@@ -31,6 +31,7 @@
 #
 #   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
 #                           [--scenario join|loss|kill|both|all]   (both: join and loss)
+#                           [--keep DIR]   (every run's logs and step logs, copied to DIR)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/bench_lib.sh"
@@ -41,7 +42,8 @@ work=100000
 epochs=6
 at=15
 scenarios="join loss"
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|both|all]"
+keep=""
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|both|all] [--keep DIR]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -49,6 +51,7 @@ while (($#)); do
         --work) work=$2; shift 2 ;;
         --epochs) epochs=$2; shift 2 ;;
         --at) at=$2; shift 2 ;;
+        --keep) keep=$2; shift 2 ;;
         --scenario)
             case "$2" in join|loss|kill) scenarios=$2 ;; both) scenarios="join loss" ;;
                 all) scenarios="join loss kill" ;; *) echo "$usage" >&2; exit 2 ;; esac
@@ -75,6 +78,9 @@ cleanup() {
     if [[ -n "$etcd_pid" ]]; then
         kill "$etcd_pid" 2>/dev/null || true
         wait "$etcd_pid" 2>/dev/null || true
+    fi
+    if [[ -n "$keep" ]]; then
+        mkdir -p "$keep" && cp -r "$out"/. "$keep"/ || true
     fi
     rm -rf "$out"
 }

@@ -424,6 +424,22 @@ static rg_status_t extra_fill(const options_t *o, int64_t step, bool joining)
     return RG_OK;
 }
 
+/* --step-log: rank 0 appends "STEP MS" (CLOCK_REALTIME) for a step it completed. */
+static void step_log(const options_t *o, int rank, int64_t done)
+{
+    if (o->step_log == NULL || rank != 0) {
+        return;
+    }
+    FILE *sl = fopen(o->step_log, "a");
+    if (sl != NULL) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        fprintf(sl, "%lld %lld\n", (long long)done,
+                (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+        fclose(sl);
+    }
+}
+
 /* Whether the extra state holds the words of `step`, as it must after a regroup to it. */
 static rg_status_t extra_check(int64_t step)
 {
@@ -716,6 +732,10 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
             state[k] += local[k];
         }
         cur = next;
+        /* The step is complete here, whatever the report below says (a planned change
+         * regroups after it; before, such a step went unlogged and its gap merged with the
+         * next one's). */
+        step_log(o, rank, done);
         rg_metric_t m[1] = {{"state_digest_low", (double)(digest(state, o->dim) & 0xffff)}};
         rg_report_t rep = {.step = done, .epoch = (int64_t)cur.epoch, .metrics = m,
                            .n_metrics = 1};
@@ -751,16 +771,6 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (st != RG_OK || left) {
             goto out;
-        }
-        if (o->step_log != NULL && rank == 0) {
-            FILE *sl = fopen(o->step_log, "a");
-            if (sl != NULL) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                fprintf(sl, "%lld %lld\n", (long long)done,
-                        (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
-                fclose(sl);
-            }
         }
         continue;
     regroup_before:
