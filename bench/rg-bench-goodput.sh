@@ -3,6 +3,9 @@
 # Fashion-MNIST MLP) under `regroup --standalone` (a private etcd on 127.0.0.1), 4 workers,
 # 2 epochs, once fault-free and once with a worker SIGKILLed every 1.5 s, per repetition and
 # mode; goodput = fault-free job time / faulty job time of the same repetition and mode.
+# Each run has its own --data-cache (in its directory): its first workers decompress the data
+# set and leave the copies there, its replacements (in place) and restarted workers read them.
+# The script's own loops start no process while they poll (bench_lib.sh's rg_bench_nap).
 #
 # The faults: this script SIGKILLs them. The workers are the agent's children (as in the
 # chaos suite) less its private etcd (whose pid the agent logs); 1.5 s (--every-ms) after the
@@ -130,8 +133,9 @@ wait_line() {
 # Whether the faulty run of log $1 goes on: the agent runs, rank 0 has not printed its final
 # accuracy, and the job's deadline (job_deadline, ms) has not passed.
 running() {
-    kill -0 "$agent" 2>/dev/null && ! grep -aq '^test_accuracy=' "$1" &&
-        (( $(now_ms) < job_deadline ))
+    local now
+    rg_bench_ms_into now
+    kill -0 "$agent" 2>/dev/null && ((now < job_deadline)) && ! grep -aq '^test_accuracy=' "$1"
 }
 
 # The fault loop of a faulty run (log $1): sets kills. Returns once the training is over,
@@ -144,23 +148,32 @@ kill_loop() {
     next=$(( $(now_ms) + every_ms ))
     kills=0
     while ((kills < max_kills)); do
-        # The interval between kills is the workload; the job's end cuts it short.
-        while (( $(now_ms) < next )); do
+        # The interval between kills is the workload; the job's end cuts it short (looked
+        # at every 100 ms: each look is a grep).
+        local now left nap
+        while :; do
             running "$log" || return 0
-            sleep 0.02
+            rg_bench_ms_into now
+            left=$((next - now))
+            ((left > 0)) || break
+            ((left < 100)) || left=100
+            printf -v nap '0.%03d' "$left"
+            rg_bench_nap "$nap"
         done
         find_workers "$agent" "$etcd"
         while ((${#live[@]} == 0)); do   # between a restart's rounds: wait for its workers
             running "$log" || return 0
-            sleep 0.01
+            rg_bench_nap 0.01
             find_workers "$agent" "$etcd"
         done
         v=${live[RANDOM % ${#live[@]}]}
         if kill -KILL "$v" 2>/dev/null; then
-            gone=$(( $(now_ms) + 10000 ))
+            rg_bench_ms_into now
+            gone=$((now + 10000))
             while [[ "$(proc_state "$v")" != "" && "$(proc_state "$v")" != Z ]]; do
-                (( $(now_ms) < gone )) || fail "$log: worker $v still running 10 s after SIGKILL"
-                sleep 0.005
+                rg_bench_ms_into now
+                ((now < gone)) || fail "$log: worker $v still running 10 s after SIGKILL"
+                rg_bench_nap 0.005
             done
             kills=$((kills + 1))
             echo "$(now_ms) $v" >>"$log.kills"
@@ -180,7 +193,7 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     job_deadline=$((t0 + 600000))
     REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
         --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
-        "$build/examples/rg-fmnist" --epochs "$epochs" >"$d/log" 2>&1 &
+        "$build/examples/rg-fmnist" --epochs "$epochs" --data-cache "$d/data" >"$d/log" 2>&1 &
     agent=$!
     kills=0
     if [[ "$3" == faulty ]]; then

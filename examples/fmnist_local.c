@@ -47,9 +47,9 @@ int main(int argc, char **argv)
     if (rc != 0) {
         return rc;
     }
-    st = fmnist_open_split(o.data_dir, "train", &train);
+    st = fmnist_open_split(&o, "train", &train);
     if (st == RG_OK) {
-        st = fmnist_open_split(o.data_dir, "t10k", &test);
+        st = fmnist_open_split(&o, "t10k", &test);
     }
     if (st != RG_OK) {
         goto out;

@@ -3,15 +3,24 @@
 
 #include "example_parse.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* A decompressed file of the data set is at most this big (rg_dataset's bound and a header). */
+#define CACHE_MAX_BYTES (RG_DATASET_MAX_BYTES + 4096)
 
 static int usage(const char *argv0, bool distributed, const char *why)
 {
     fprintf(stderr,
             "%s: %s\nusage: %s [--epochs N] [--batch B] [--lr LR] [--seed S]\n"
-            "       [--schedule cosine|constant] [--data DIR] [--log-every STEPS]%s\n",
+            "       [--schedule cosine|constant] [--data DIR] [--data-cache DIR]\n"
+            "       [--log-every STEPS]%s\n",
             argv0, why, argv0,
             distributed ? "\n       [--ckpt-every STEPS] [--kill-at STEP|start [--kill-rank R]]"
                           " [--stop-file PATH]" : "");
@@ -47,6 +56,8 @@ int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options
             o->cosine = strcmp(v, "cosine") == 0;
         } else if (strcmp(a, "--data") == 0) {
             o->data_dir = v;
+        } else if (strcmp(a, "--data-cache") == 0) {
+            o->data_cache = v;
         } else if (distributed && strcmp(a, "--ckpt-every") == 0) {
             ok = example_parse_i64(v, &o->ckpt_every) && o->ckpt_every >= 1;
         } else if (distributed && strcmp(a, "--kill-at") == 0) {
@@ -69,11 +80,105 @@ int fmnist_parse_options(int argc, char **argv, bool distributed, fmnist_options
     return 0;
 }
 
-rg_status_t fmnist_open_split(const char *dir, const char *prefix, rg_dataset_t **ds_p)
+/* Decompresses src into path (a new file of this process's name, then renamed). */
+static rg_status_t cache_make(const char *src, const char *path)
+{
+    char tmp[1100];
+    unsigned char buf[1 << 16];
+    rg_status_t st = RG_OK;
+    uint64_t total = 0;
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    gzFile in = gzopen(src, "rb");
+    if (in == NULL) {
+        return rg_error(RG_ENOENT, "%s: %s", src, strerror(errno ? errno : ENOENT));
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        gzclose_r(in);
+        return rg_error(RG_EIO, "%s: %s", tmp, strerror(errno));
+    }
+    for (;;) {
+        int got = gzread(in, buf, sizeof(buf));
+        if (got < 0 || (got > 0 && (total += (uint64_t)got) > CACHE_MAX_BYTES)) {
+            st = rg_error(RG_ECORRUPT, "%s: %s", src, got < 0 ? "not a readable gzip file"
+                                                              : "larger than a data set");
+            break;
+        }
+        if (got == 0) {
+            break;
+        }
+        for (ssize_t off = 0; off < got && st == RG_OK;) {
+            ssize_t w = write(fd, buf + off, (size_t)(got - off));
+            if (w < 0 && errno != EINTR) {
+                st = rg_error(RG_EIO, "%s: %s", tmp, strerror(errno));
+            }
+            off += w > 0 ? w : 0;
+        }
+        if (st != RG_OK) {
+            break;
+        }
+    }
+    gzclose_r(in);
+    if (close(fd) != 0 && st == RG_OK) {
+        st = rg_error(RG_EIO, "%s: %s", tmp, strerror(errno));
+    }
+    if (st == RG_OK && rename(tmp, path) != 0) {
+        st = rg_error(RG_EIO, "%s: %s", path, strerror(errno));
+    }
+    if (st != RG_OK) {
+        unlink(tmp);
+    }
+    return st;
+}
+
+/* The decompressed copy of dir/name.gz in the cache (made when missing) into out; false
+ * (with a warning) when there is none to read. */
+static bool cache_path(const fmnist_options_t *o, const char *name, char *out, size_t cap)
+{
+    char src[1024];
+    snprintf(src, sizeof(src), "%s/%s.gz", o->data_dir, name);
+    snprintf(out, cap, "%s/%s", o->data_cache, name);
+    if (access(out, R_OK) == 0) {
+        return true;
+    }
+    rg_status_t st = RG_OK;
+    if (mkdir(o->data_cache, 0700) != 0 && errno != EEXIST) {
+        st = rg_error(RG_EIO, "%s: %s", o->data_cache, strerror(errno));
+    }
+    if (st == RG_OK) {
+        st = cache_make(src, out);
+    }
+    if (st != RG_OK) {
+        fprintf(stderr, "rg-fmnist: warning: no decompressed copy of %s in %s (%s): reading "
+                "the .gz\n", src, o->data_cache, rg_last_error());
+        return false;
+    }
+    return true;
+}
+
+rg_status_t fmnist_open_split(const fmnist_options_t *o, const char *prefix,
+                              rg_dataset_t **ds_p)
 {
     char images[1024];
     char labels[1024];
-    snprintf(images, sizeof(images), "%s/%s-images-idx3-ubyte.gz", dir, prefix);
-    snprintf(labels, sizeof(labels), "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+    char name[128];
+    if (o->data_cache != NULL) {
+        char ci[1100];
+        char cl[1100];
+        snprintf(name, sizeof(name), "%s-images-idx3-ubyte", prefix);
+        bool have = cache_path(o, name, ci, sizeof(ci));
+        snprintf(name, sizeof(name), "%s-labels-idx1-ubyte", prefix);
+        have = have && cache_path(o, name, cl, sizeof(cl));
+        if (have) {
+            rg_status_t st = rg_dataset_open_idx(ci, cl, ds_p);
+            if (st == RG_OK || st == RG_ENOMEM) {
+                return st;
+            }
+            fprintf(stderr, "rg-fmnist: warning: the decompressed copies in %s: %s: reading "
+                    "the .gz\n", o->data_cache, rg_last_error());
+        }
+    }
+    snprintf(images, sizeof(images), "%s/%s-images-idx3-ubyte.gz", o->data_dir, prefix);
+    snprintf(labels, sizeof(labels), "%s/%s-labels-idx1-ubyte.gz", o->data_dir, prefix);
     return rg_dataset_open_idx(images, labels, ds_p);
 }

@@ -422,10 +422,10 @@ int main(int argc, char **argv)
     rg_train_params_t tp = {.in_place = true};   /* it regroups when the launcher does */
     st = rg_train_init(&tp, &t.ctx);
     if (st == RG_OK) {
-        st = fmnist_open_split(o.data_dir, "train", &train_ds);
+        st = fmnist_open_split(&o, "train", &train_ds);
     }
     if (st == RG_OK) {
-        st = fmnist_open_split(o.data_dir, "t10k", &test_ds);
+        st = fmnist_open_split(&o, "t10k", &test_ds);
     }
     if (st != RG_OK) {
         goto out;

@@ -3,15 +3,19 @@
  * data that must drive the loss well below its start. */
 #include "fmnist_adam.h"
 #include "fmnist_mlp.h"
+#include "fmnist_opts.h"
 
 #include <regroup/data.h>
 
 #include "test_util.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef RG_FMNIST_DIR
 #error "RG_FMNIST_DIR must name the Fashion-MNIST folder"
@@ -174,6 +178,72 @@ START_TEST(test_adam_step)
 }
 END_TEST
 
+/* Entries of directory path, . and .. aside. */
+static int count_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    int n = 0;
+    ck_assert_msg(d != NULL, "opendir %s", path);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* --data-cache: the first open makes the decompressed copies (no temporary file left), a
+ * later one reads them (a byte changed in the copy shows), and a copy that is not an IDX
+ * file is left for the .gz. */
+START_TEST(test_data_cache)
+{
+    char dir[512];
+    char cache[600];
+    char path[700];
+    test_tmpdir(dir, sizeof(dir), "fmcache");
+    snprintf(cache, sizeof(cache), "%s/cache", dir);
+    char *argv[] = {"rg-fmnist", "--data", RG_FMNIST_DIR, "--data-cache", cache, NULL};
+    fmnist_options_t o;
+    ck_assert_int_eq(fmnist_parse_options(5, argv, true, &o), 0);
+    rg_dataset_t *gz = NULL;
+    rg_dataset_t *ds = NULL;
+    ck_assert_msg(rg_dataset_open_idx(RG_FMNIST_DIR "/t10k-images-idx3-ubyte.gz",
+                                      RG_FMNIST_DIR "/t10k-labels-idx1-ubyte.gz", &gz) == RG_OK,
+                  "%s", rg_last_error());
+    size_t bytes = rg_dataset_size(gz) * 784;
+
+    ck_assert_msg(fmnist_open_split(&o, "t10k", &ds) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(rg_dataset_size(ds), rg_dataset_size(gz));
+    ck_assert(memcmp(rg_dataset_records(ds), rg_dataset_records(gz), bytes) == 0);
+    ck_assert(memcmp(rg_dataset_labels(ds), rg_dataset_labels(gz), rg_dataset_size(gz)) == 0);
+    rg_dataset_destroy(ds);
+    snprintf(path, sizeof(path), "%s/t10k-images-idx3-ubyte", cache);
+    ck_assert_msg(access(path, R_OK) == 0, "no copy at %s", path);
+    ck_assert_int_eq(count_entries(cache), 2);   /* the two copies, nothing else */
+
+    /* The first record's first pixel, after the 16-byte header, changed in the copy. */
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    uint8_t px = (uint8_t)(rg_dataset_records(gz)[0] ^ 0xff);
+    ck_assert_int_eq(fseek(f, 16, SEEK_SET), 0);
+    ck_assert_int_eq(fwrite(&px, 1, 1, f), 1);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert(fmnist_open_split(&o, "t10k", &ds) == RG_OK);
+    ck_assert_int_eq(rg_dataset_records(ds)[0], px);
+    rg_dataset_destroy(ds);
+
+    /* Not an IDX file: the data set comes from the .gz. */
+    f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs("not an IDX file", f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert(fmnist_open_split(&o, "t10k", &ds) == RG_OK);
+    ck_assert(memcmp(rg_dataset_records(ds), rg_dataset_records(gz), bytes) == 0);
+    rg_dataset_destroy(ds);
+    rg_dataset_destroy(gz);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A few hundred Adam steps on 3000 real training images through the loader. */
 START_TEST(test_short_training_run)
 {
@@ -243,6 +313,7 @@ int main(void)
     tcase_add_test(tc, test_grad_shares_add_up);
     tcase_add_test(tc, test_adam_step);
     tcase_add_test(tc, test_short_training_run);
+    tcase_add_test(tc, test_data_cache);
     suite_add_tcase(s, tc);
     return test_main("test_fmnist_mlp", s, NULL);
 }

@@ -333,6 +333,8 @@ typedef struct {
  * the newest at which some member holds the replicated state and every row is held. Then a
  * new checkpointer for the new rank and world.
  *
+ * The state goes point to point in chunks of $REGROUP_REGROUP_CHUNK_BYTES (default 4 MiB;
+ * the members use the smallest of theirs), four in flight to each receiver.
  * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
  * max(3 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
  * none, and the job restarts); a member that fails
