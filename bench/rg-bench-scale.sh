@@ -22,6 +22,8 @@
 #         at step --at; in place its agent replaces it and the job goes on at world 5 until
 #         the replacement joins, in restart mode every worker restarts. pause_s, redone and
 #         job_s as above (job_s: the three started to the last one's exit).
+#   preempt  as loss, but b's agent gets SIGTERM (a preemption notice): its workers take the
+#         last checkpoint, hand over and leave, and a's go on at world 2 (b's agent exits 143).
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
 # load averages at its start and end. A run that does not end with exact=1 at the expected
@@ -30,7 +32,7 @@
 # (rg_bench_steps.py). Holds /tmp/regroup-bench.lock so that no two benchmarks run at once.
 #
 #   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
-#                           [--scenario join|loss|kill|both|all]   (both: join and loss)
+#                           [--scenario join|loss|kill|preempt|both|all]   (both: join and loss)
 #                           [--keep DIR]   (every run's logs and step logs, copied to DIR)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,7 +45,7 @@ epochs=6
 at=15
 scenarios="join loss"
 keep=""
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|both|all] [--keep DIR]"
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|both|all] [--keep DIR]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -53,8 +55,8 @@ while (($#)); do
         --at) at=$2; shift 2 ;;
         --keep) keep=$2; shift 2 ;;
         --scenario)
-            case "$2" in join|loss|kill) scenarios=$2 ;; both) scenarios="join loss" ;;
-                all) scenarios="join loss kill" ;; *) echo "$usage" >&2; exit 2 ;; esac
+            case "$2" in join|loss|kill|preempt) scenarios=$2 ;; both) scenarios="join loss" ;;
+                all) scenarios="join loss kill preempt" ;; *) echo "$usage" >&2; exit 2 ;; esac
             shift 2 ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
@@ -172,29 +174,38 @@ run_join() { # $1 = mode (restart|in-place), $2 = repetition
     echo "join $1 $2 $((t1 - t0)) $tb $from" >>"$out/runs.txt"
 }
 
-run_loss() { # $1 = mode (restart|in-place), $2 = repetition
-    local d="$out/loss-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
+run_loss() { # $1 = mode (restart|in-place), $2 = repetition; $3 = the signal (KILL)
+    local sig=${3:-KILL} scen=loss
+    [[ "$sig" == KILL ]] || scen=preempt
+    local d="$out/$scen-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
     mkdir -p "$d/ckpt"
     local t0 tk t1 a b rca rcb
     t0=$(now_ms)
-    agent "$d" a "$1" "loss-$1-$2" "$conf"; a=$!
-    agent "$d" b "$1" "loss-$1-$2" "$conf"; b=$!
+    agent "$d" a "$1" "$scen-$1-$2" "$conf"; a=$!
+    agent "$d" b "$1" "$scen-$1-$2" "$conf"; b=$!
     wait_steps "$d" "$at" "$a"
     grep -aq "round 0: started 2 workers (ranks [0-9]*\.\.[0-9]* of 4," "$d/b.log" ||
         { show "$d"/[ab].log; fail "$d: node b's workers were not in round 0 at world 4"; }
     tk=$(now_ms)
-    kill -KILL "$b"
+    kill -"$sig" "$b"
     wait_agent "$b" 2>/dev/null; rcb=$rc   # without bash's "Killed" notice
     wait_agent "$a"; rca=$rc
     t1=$(now_ms)
     pids=()
-    [[ "$rca" == 0 && "$rcb" == 137 ]] || { show "$d"/[ab].log; fail "$d: agents exited $rca and $rcb"; }
+    local want=137
+    [[ "$sig" == KILL ]] || want=143
+    [[ "$rca" == 0 && "$rcb" == "$want" ]] ||
+        { show "$d"/[ab].log; fail "$d: agents exited $rca and $rcb"; }
+    [[ "$sig" == KILL ]] || grep -aq "this node leaves the job: SIGTERM" "$d/b.log" ||
+        { show "$d/b.log"; fail "$d: node b did not leave on SIGTERM"; }
     check_exact "$d" 2
     if [[ "$1" == in-place ]]; then
         ! grep -aq "resumed from step" "$d/a.log" || fail "$d: resumed from a checkpoint in place"
     fi
-    echo "loss $1 $2 $((t1 - t0)) $tk -1" >>"$out/runs.txt"
+    echo "$scen $1 $2 $((t1 - t0)) $tk -1" >>"$out/runs.txt"
 }
+
+run_preempt() { run_loss "$1" "$2" TERM; }
 
 run_kill() { # $1 = mode (restart|in-place), $2 = repetition
     local d="$out/kill-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
@@ -250,8 +261,9 @@ def first_at(steps, frm):
     after = [i for i in idx if i > 0 and steps[i - 1][0] >= frm + 1]
     return steps[(after or idx)[0]][1]
 
-names = {"join": "node-joins", "loss": "node-lost", "kill": "worker-sigkill"}
-for scen in sorted({k[0] for k in runs}, key=["join", "loss", "kill"].index):
+names = {"join": "node-joins", "loss": "node-lost", "kill": "worker-sigkill",
+         "preempt": "node-preempted"}
+for scen in sorted({k[0] for k in runs}, key=["join", "loss", "kill", "preempt"].index):
     jobs = {}
     for mode in ("restart", "in-place"):
         res = []
