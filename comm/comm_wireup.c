@@ -4,7 +4,11 @@
  * Rank r puts a header and its UCX worker address (binary) at <prefix><r>, then reads the
  * prefix until every rank's address is there, backing off from 1 ms to 20 ms between reads
  * and progressing its worker meanwhile (a peer's wire-up needs this worker to progress), and
- * finally creates one endpoint per peer. The header carries the tuning values that decide how
+ * finally creates one endpoint per peer. A rank whose attempt fails deletes its address
+ * again: it names a UCX worker that is gone, and a peer that read it would fail to connect
+ * and try again, out of step with this rank's next attempt, for as long as the two kept
+ * missing each other's current address (seen as a livelock of a regroup under a sanitizer).
+ * The header carries the tuning values that decide how
  * a message is cut into transfers: ranks that differ there would wait on transfers that never
  * come, so creation fails at once instead, naming the rank and the values.
  */
@@ -21,6 +25,7 @@
 #define COMM_DEFAULT_CREATE_MS 30000
 #define COMM_MAX_ADDRESS       (64 * 1024)
 #define COMM_MAX_PREFIX        256
+#define COMM_UNPUBLISH_MS      1000     /* a failed attempt's delete of its address */
 
 /* Before the address in the published value (host byte order; docs/etcd-keys.md). */
 typedef struct {
@@ -284,6 +289,17 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     }
     if (st == RG_OK) {
         st = comm_ucx_connect(comm, addrs, lens, deadline);
+    }
+    if (st != RG_OK) {
+        /* (Another error is the one to report; a failed delete leaves a stale address, which
+         * only costs a peer another attempt.) */
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", rg_last_error());
+        rg_etcd_delete_req_t del = {.key = key};
+        if (rg_etcd_delete(etcd, &del, rg_deadline_in_ms(COMM_UNPUBLISH_MS), NULL) != RG_OK) {
+            rg_debug("deleting the address at %s: %s", key, rg_last_error());
+        }
+        (void)rg_error(st, "%s", msg);
     }
 out:
     free(value);

@@ -14,10 +14,10 @@
  *   4. agree on the state: an allgather of every member's step, buffer count, bytes and
  *      chunk size; the newest step wins, its lowest rank is the source, and it sends the
  *      state (its cursor, then every buffer in chunks) to the members at another step only:
- *      a replacement, or a survivor that did not finish the failed step. A receiver with a state of its
- *      own takes the bytes into scratch memory and copies them only once all arrived, so a
- *      source that dies mid-transfer leaves that state as it was, and the next attempt
- *      agrees again; a replacement receives into its buffers;
+ *      a replacement, or a survivor that did not finish the failed step. A receiver with a
+ *      state of its own takes the bytes into scratch memory and copies them only once all
+ *      arrived, so a source that dies mid-transfer leaves that state as it was, and the next
+ *      attempt agrees again; a replacement receives into its buffers;
  *   5. a new checkpointer for the new rank and world size.
  *
  * A failure in 3-4 (a member died, a wire-up that times out because the agents moved on to a
@@ -288,11 +288,11 @@ static size_t xfer_chunk_bytes(void)
 }
 
 /* Step 4: agree on the newest state and bring every member to it. An allgather of every
- * member's step, buffer count, bytes and chunk size; the newest step wins (with a sharded table, the
- * newest at which its rows are all held too), its lowest rank is the source, and only the
- * members at another step (a replacement, a survivor that did not finish the failed step)
- * receive it: the others already hold it, since the group's collectives give every rank the
- * same bytes. A receiver with a state of its own takes the bytes into scratch memory first,
+ * member's step, buffer count, bytes and chunk size; the newest step wins (with a sharded
+ * table, the newest at which its rows are all held too), its lowest rank is the source, and
+ * only the members at another step (a replacement, a survivor that did not finish the failed
+ * step) receive it: the others already hold it, since the group's collectives give every
+ * rank the same bytes. A receiver with a state of its own takes the bytes into scratch memory first,
  * so that a source dying mid-transfer leaves that state as it was; a replacement, which has
  * none, receives into its buffers. Each member takes the replicated state and its rows of
  * the table together, once both arrived (one consistent state, or none). */

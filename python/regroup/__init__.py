@@ -25,12 +25,12 @@ The library is found at $REGROUP_LIBRARY, next to this package, or on the loader
 from ._lib import LayoutError, SONAME
 from ._sampler import GlobalSampler, permutation
 from ._status import Error, MembershipChanged, PeerError
-from ._train import Context, Cursor, Notice, Regrouped, init
+from ._train import Context, Cursor, Notice, Regrouped, Table, init
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "Context", "Cursor", "Notice", "Regrouped", "GlobalSampler", "permutation",
-           "Error", "PeerError", "MembershipChanged", "LayoutError", "library_path", "SONAME"]
+__all__ = ["init", "Context", "Cursor", "Notice", "Regrouped", "Table", "GlobalSampler",
+           "permutation", "Error", "PeerError", "MembershipChanged", "LayoutError", "library_path", "SONAME"]
 
 
 def library_path():

@@ -139,6 +139,13 @@ _PROTOTYPES = {
     "rg_train_in_place": (ctypes.c_bool, [_P]),
     "rg_train_joining": (ctypes.c_bool, [_P]),
     "rg_train_regroup": (_st, [_P, ctypes.POINTER(TrainRegroup)]),
+    "rg_train_table_create": (_st, [_P, ctypes.c_uint64, ctypes.c_size_t, c_void_pp]),
+    "rg_train_table_destroy": (None, [_P]),
+    "rg_train_table_rows": (_P, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                 ctypes.POINTER(ctypes.c_uint64)]),
+    "rg_train_table_n_rows": (ctypes.c_uint64, [_P]),
+    "rg_train_table_row_bytes": (ctypes.c_size_t, [_P]),
+    "rg_train_table_commit": (_st, [_P, _P, ctypes.c_int64]),
     "rg_train_notice": (_st, [_P, ctypes.POINTER(Notice)]),
     "rg_train_leave": (_st, [_P, ctypes.POINTER(Report), ctypes.POINTER(TrainState)]),
     # comm.h

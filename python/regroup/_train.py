@@ -89,6 +89,7 @@ class Context:
         root = lib.rg_train_ckpt_root(h)
         self.ckpt_dir = root.decode() if root is not None else None
         self.restored_step = None
+        self._table = None
 
     def _members(self):
         """Rank, world size, round and group from the library (after init and each regroup;
@@ -106,6 +107,8 @@ class Context:
         """Waits for the checkpoint in flight, then leaves the group (rg_train_finalize).
         Not collective; idempotent."""
         if self._h is not None:
+            if self._table is not None:
+                self._table.close()
             h, self._h = self._h, None
             self._lib.rg_train_finalize(h)
 
@@ -203,15 +206,34 @@ class Context:
 
     # ---- in place ----------------------------------------------------------------------
 
-    def regroup(self, step, buffers, cursor):
+    def table(self, n_rows, row_bytes):
+        """The sharded state of an in-place job (rg_train_table_t): n_rows rows of row_bytes
+        bytes, each held live by exactly one rank (this rank's: Table.rows()), kept by
+        Table.commit in a buddy rank's memory and in a copy its agent owns, and moved to the
+        new owners by regroup(..., table=). One per worker; closed with the context. Not
+        collective."""
+        h = self._handle()
+        if self._table is not None:
+            raise ValueError("regroup: this worker has a table already")
+        t = ctypes.c_void_p()
+        _status.check(self._lib.rg_train_table_create(h, int(n_rows), int(row_bytes),
+                                                      ctypes.byref(t)), "rg_train_table_create")
+        self._table = Table(self, t)
+        return self._table
+
+    def regroup(self, step, buffers, cursor, table=None):
         """In place (rg_train_regroup): after a collective raised PeerError (or a timeout), or
         report raised MembershipChanged, on every member; and once by a replacement
         (self.joining) before any collective. Waits for the next round, builds its group and
         agrees on the newest state: each of `buffers` (a list of contiguous NumPy arrays or
         PyTorch CPU tensors, the replicated state, the same count and sizes on every rank)
-        is overwritten in place with the source's. `step` is the steps this rank's buffers
-        hold (completed), `cursor` (a Cursor, or a GlobalSampler's position) the data
-        position after them; a replacement's are ignored. Returns a Regrouped; rank,
+        is overwritten in place with the source's when this rank's step is not the one agreed
+        on (a replacement's, a survivor's that did not finish the failed step; r.received
+        says so). `step` is the steps this rank's buffers hold (completed), `cursor` (a
+        Cursor, or a GlobalSampler's position) the data position after them; a replacement's
+        are ignored. `table` (this worker's Table, or None): its rows are found at the step
+        agreed on and moved to their owners in the new round (Table.rows() again for this
+        rank's). Returns a Regrouped; rank,
         world_size, round and joining then describe the new round (reshard a GlobalSampler
         with sampler.reshard(r.rank, r.world_size, r.cursor)). Raises regroup.Error when the
         regroup fails (the agent then restarts the job from its last checkpoint: exit
@@ -229,6 +251,10 @@ class Context:
             bufs[i] = _lib.TrainBuf(t.ptr, t.nbytes)
         c = cursor._c() if cursor is not None else _lib.DataCursor()
         rs = _lib.TrainRegroup(int(step), bufs, len(items), c)
+        if table is not None:
+            if table is not self._table:
+                raise ValueError("regroup: table is not this context's")
+            rs.table = table._handle()
         st = self._lib.rg_train_regroup(h, ctypes.byref(rs))
         self._members()
         _status.check(st, "rg_train_regroup")
@@ -375,6 +401,51 @@ class Context:
         s = _lib.TrainState(arr, n, c)
         keep.append(arr)
         return s
+
+
+class Table:
+    """Context.table(): the rows of a sharded state that this rank holds."""
+
+    def __init__(self, ctx, handle):
+        self._ctx = ctx
+        self._t = handle
+        self.n_rows = ctx._lib.rg_train_table_n_rows(handle)
+        self.row_bytes = ctx._lib.rg_train_table_row_bytes(handle)
+
+    def _handle(self):
+        if self._t is None:
+            raise ValueError("regroup: the table is closed")
+        return self._t
+
+    def rows(self):
+        """(first, rows): this rank's rows, from row `first` on, as a writable NumPy array of
+        uint8, count x row_bytes (view it as the rows' type), over the table's own memory;
+        valid until the next regroup (call rows() again after it)."""
+        import numpy as np
+        first = ctypes.c_uint64()
+        count = ctypes.c_uint64()
+        p = self._ctx._lib.rg_train_table_rows(self._handle(), ctypes.byref(first),
+                                               ctypes.byref(count))
+        if not p or count.value == 0:
+            return first.value, np.zeros((0, self.row_bytes), np.uint8)
+        buf = (ctypes.c_uint8 * (count.value * self.row_bytes)).from_address(p)
+        return first.value, np.frombuffer(buf, np.uint8).reshape(count.value, self.row_bytes)
+
+    def commit(self, step):
+        """Collective, at the same step on every rank (rg_train_table_commit): keeps this
+        rank's rows as those of `step`. Commit after the step's update of the rows and before
+        the step's update of the replicated state: the step counts once this returned (on
+        PeerError the replicated state is still that of the step before: regroup from it)."""
+        _status.check(self._ctx._lib.rg_train_table_commit(self._ctx._handle(), self._handle(),
+                                                           int(step)), "rg_train_table_commit")
+
+    def close(self):
+        """Frees the table (also done by the context's close). Idempotent."""
+        if self._t is not None:
+            t, self._t = self._t, None
+            self._ctx._lib.rg_train_table_destroy(t)
+            if self._ctx._table is self:
+                self._ctx._table = None
 
 
 class _Positioned:

@@ -5,12 +5,15 @@ consumed, and the exactly-once verdict on those counts.
 import numpy as np
 
 
-def count_step(ctx, seen, epoch, ids):
+def count_step(ctx, seen, epoch, ids, before=None):
     """Adds this rank's share `ids` of the step's global batch, summed over the ranks by an
-    allreduce, to seen[epoch] (raises what ctx.allreduce raises, seen untouched)."""
+    allreduce, to seen[epoch] (raises what ctx.allreduce raises, seen untouched). before(),
+    if given, runs between the allreduce and the update (raising there leaves seen too)."""
     inc = np.zeros(seen.shape, np.int32)
     inc[epoch, ids] += 1
     ctx.allreduce(inc)
+    if before is not None:
+        before()
     seen += inc
 
 

@@ -142,6 +142,24 @@ def test_in_place_regroup_after_a_kill_exactly_once(tmp):
     assert "exact=1 world=3" in out, out
 
 
+def test_in_place_table_after_a_kill(tmp):
+    """The same job with a sharded table (ctx.table) of 1000 int64 rows, updated and
+    committed at every step: the dead rank's rows come back from its node copy and its
+    buddy's copy, every row holds the sum of its updates over every step once, and the
+    samples are used once per epoch; the job never restarts."""
+    env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
+    rc, out = run_job(tmp, 3, [PYTHON, INPLACE, "--kill-at", "30", "--epochs", "40",
+                               "--table-rows", "1000"],
+                      max_restarts=2, env=env, recovery="in-place")
+    assert rc == 0, out
+    assert "rank 1: killing myself at step 30" in out, out
+    assert "regrouped: a peer failed; round 1 world 2 from step 30, state from rank 0" in out, out
+    assert re.search(r"regrouped: the membership changes; round 2 world 3 from step \d+", out), out
+    assert "resumed from" not in out, out
+    assert "exact=1 world=3" in out, out
+    assert "table=1" in out, out
+
+
 def committed_steps(ckpt):
     """The steps with a committed checkpoint (a MANIFEST) in the directory ckpt."""
     names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
