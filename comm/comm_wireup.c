@@ -4,10 +4,13 @@
  * Rank r puts a header and its UCX worker address (binary) at <prefix><r>, then reads the
  * prefix until every rank's address is there, backing off from 1 ms to 20 ms between reads
  * and progressing its worker meanwhile (a peer's wire-up needs this worker to progress), and
- * finally creates one endpoint per peer. A rank whose attempt fails deletes its address
+ * finally creates one endpoint per peer. A rank whose attempt fails for a reason another
+ * attempt may not meet (a deadline, a peer it could not connect to) deletes its address
  * again: it names a UCX worker that is gone, and a peer that read it would fail to connect
  * and try again, out of step with this rank's next attempt, for as long as the two kept
  * missing each other's current address (seen as a livelock of a regroup under a sanitizer).
+ * One that fails on a header that differs (RG_EINVAL, RG_EPROTO) keeps it: every attempt
+ * fails the same way, and the peers must read it to fail at once too.
  * The header carries the tuning values that decide how
  * a message is cut into transfers: ranks that differ there would wait on transfers that never
  * come, so creation fails at once instead, naming the rank and the values.
@@ -290,7 +293,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     if (st == RG_OK) {
         st = comm_ucx_connect(comm, addrs, lens, deadline);
     }
-    if (st != RG_OK) {
+    if (st != RG_OK && st != RG_EINVAL && st != RG_EPROTO) {
         /* (Another error is the one to report; a failed delete leaves a stale address, which
          * only costs a peer another attempt.) */
         char msg[512];

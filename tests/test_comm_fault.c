@@ -410,6 +410,45 @@ START_TEST(test_create_knobs_differ)
 }
 END_TEST
 
+/* A rank that finds a peer's header differing fails at once and keeps its own address, so
+ * that the peer, reading it, fails at once too (a failed attempt that deleted it left the
+ * peer waiting out its deadline: test_create_knobs_differ, now and then). Rank 0's value is
+ * planted: the header of docs/etcd-keys.md with another segment size, and a few bytes. */
+START_TEST(test_create_knobs_differ_keeps_address)
+{
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    char prefix[96];
+    char key[128];
+    snprintf(prefix, sizeof(prefix), "/regroup/keep-%d/rounds/0/store/comm/", (int)getpid());
+    struct {
+        char     magic[4];
+        uint32_t reserved;
+        uint64_t ring_min, rhd_max, seg;
+        unsigned char address[8];
+    } planted = {.magic = {'R', 'G', 'C', '1'}, .seg = 1};
+    rg_etcd_t *etcd = NULL;
+    rg_etcd_params_t ep = {.endpoints = comm_test_etcd()};
+    ck_assert_int_eq(rg_etcd_create(&ep, &etcd), RG_OK);
+    snprintf(key, sizeof(key), "%s0", prefix);
+    rg_etcd_put_req_t put = {.key = key, .value = (const char *)&planted,
+                             .value_len = sizeof(planted)};
+    ck_assert_int_eq(rg_etcd_put(etcd, &put, rg_deadline_in_ms(5000), NULL), RG_OK);
+
+    rg_comm_t *comm = NULL;
+    rg_comm_params_t p = {.rank = 1, .size = 2, .etcd = etcd, .key_prefix = prefix,
+                          .create_timeout_ms = 5000};
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
+    ck_assert_msg(strstr(rg_last_error(), "rank 0") != NULL, "%s", rg_last_error());
+    snprintf(key, sizeof(key), "%s1", prefix);
+    rg_etcd_range_req_t rq = {.key = key};
+    rg_etcd_range_t res;
+    ck_assert_int_eq(rg_etcd_range(etcd, &rq, rg_deadline_in_ms(5000), &res), RG_OK);
+    ck_assert_msg(res.n_kvs == 1, "rank 1's address is gone: its peer would wait for it");
+    rg_etcd_range_cleanup(&res);
+    rg_etcd_destroy(etcd);
+}
+END_TEST
+
 START_TEST(test_env_read)
 {
     rg_comm_env_t env;
@@ -451,6 +490,7 @@ int main(void)
     tcase_add_test(tc, test_create_bad_params);
     tcase_add_test(tc, test_create_times_out);
     tcase_add_test(tc, test_create_knobs_differ);
+    tcase_add_test(tc, test_create_knobs_differ_keeps_address);
     tcase_add_test(tc, test_env_read);
     suite_add_tcase(s, tc);
     return test_main("comm_fault", s, NULL);
