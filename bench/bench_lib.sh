@@ -42,6 +42,21 @@ rg_bench_show() { for f in "$@"; do echo "--- $f" >&2; tail -20 "$f" >&2; done; 
 # The load averages (1, 5, 15 minutes), space-separated.
 rg_bench_loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# Runs "${@:3}" every 20 ms until it succeeds (returns 0), process $2 has ended (1) or $1 ms
+# have passed (2).
+rg_bench_poll() {
+    local ms=$1 pid=$2 now end
+    shift 2
+    rg_bench_ms_into now
+    end=$((now + ms))
+    until "$@"; do
+        kill -0 "$pid" 2>/dev/null || return 1
+        rg_bench_ms_into now
+        ((now < end)) || return 2
+        rg_bench_nap 0.02
+    done
+}
+
 # Waits for background child $1 for at most $2 ms (then it is SIGKILLed) and sets rc to its
 # exit status (137 when it was killed).
 rg_bench_wait_child() {

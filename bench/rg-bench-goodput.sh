@@ -122,12 +122,10 @@ find_workers() {
 # Waits until the log $1 has a line matching the extended regex $2 while the agent runs
 # (60 s at most); fails otherwise.
 wait_line() {
-    local deadline=$(( $(now_ms) + 60000 ))
-    until grep -aEq "$2" "$1"; do
-        kill -0 "$agent" 2>/dev/null || { rg_bench_show "$1"; fail "$1: the agent ended before /$2/"; }
-        (( $(now_ms) < deadline )) || { rg_bench_show "$1"; fail "$1: no /$2/ within 60 s"; }
-        sleep 0.02
-    done
+    local why=0
+    rg_bench_poll 60000 "$agent" grep -aEq "$2" "$1" || why=$?
+    ((why != 1)) || { rg_bench_show "$1"; fail "$1: the agent ended before /$2/"; }
+    ((why != 2)) || { rg_bench_show "$1"; fail "$1: no /$2/ within 60 s"; }
 }
 
 # Whether the faulty run of log $1 goes on: the agent runs, rank 0 has not printed its final

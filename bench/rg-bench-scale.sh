@@ -126,13 +126,14 @@ agent() {
 
 # Waits until the step log of run directory $1 has $2 steps, while agent $3 runs (60 s).
 wait_steps() {
-    local deadline=$(( $(now_ms) + 60000 ))
-    while [[ ! -e "$1/steps.txt" ]] || (( $(wc -l <"$1/steps.txt") < $2 )); do
-        kill -0 "$3" 2>/dev/null || { show "$1"/*.log; fail "$1: an agent ended before step $2"; }
-        (( $(now_ms) < deadline )) || { show "$1"/*.log; fail "$1: no step $2 within 60 s"; }
-        sleep 0.02
-    done
+    local why=0
+    rg_bench_poll 60000 "$3" has_steps "$1/steps.txt" "$2" || why=$?
+    ((why != 1)) || { show "$1"/*.log; fail "$1: an agent ended before step $2"; }
+    ((why != 2)) || { show "$1"/*.log; fail "$1: no step $2 within 60 s"; }
 }
+
+# Whether step log $1 has $2 lines or more.
+has_steps() { [[ -e "$1" ]] && (( $(wc -l <"$1") >= $2 )); }
 
 # Waits for agent $1 (300 s at most; then it is killed) and sets rc to its exit status.
 wait_agent() { rg_bench_wait_child "$1" 300000; }
