@@ -41,9 +41,10 @@
  * it joins, as a program that loads a model and its data would.
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
  * checkpoint, so that writes take a realistic time. --state-kb adds KB of replicated state
- * that goes over the group at every regroup (not into checkpoints): its words are a function
- * of the step, filled before a regroup and checked after it and at the end, so that a state
- * transfer lasts long enough to be broken off mid-way, and a torn one is caught.
+ * that goes over the group at every regroup (not into checkpoints): one word a page is a
+ * function of the step, brought to it before a regroup and checked after it, and every word
+ * is checked at the end, so that a state transfer lasts long enough to be broken off mid-way,
+ * and a torn one is caught.
  * --stop-file ends the job at the next epoch boundary once PATH exists (rank 0 decides, every
  * rank follows); the expected vector is then that of the epochs completed.
  *
@@ -383,8 +384,14 @@ static rg_status_t layout(const options_t *o, int rank, int world, uint32_t *row
     return RG_OK;
 }
 
-/* --state-kb: words that are a function of the step they stand for (step -1: none yet, a
- * replacement's own). Only regroups move them, so they are filled just before one. */
+/* --state-kb: words that stand for a step (step -1: none yet, a replacement's own). Only
+ * regroups move them, so they are brought to the step just before one. One word in
+ * EXTRA_STRIDE depends on the step, the others only on their place (and differ from a
+ * replacement's own): bringing the state to a step, and a receiver's check that it got the
+ * step agreed on, touch one word a page, not the whole state, as a program's model is just
+ * there at a regroup and nobody reads it through afterwards; every word is still checked at
+ * the end, on every rank, so that a torn transfer of any part shows. */
+#define EXTRA_STRIDE 512
 typedef struct {
     uint64_t *w;
     size_t    n;
@@ -395,7 +402,8 @@ static extra_state_t extra = {.step = -1};
 
 static uint64_t extra_word(int64_t step, size_t i)
 {
-    return mix((uint64_t)step * 0x100000001b3ull ^ mix(i));
+    int64_t s = step < 0 || i % EXTRA_STRIDE == 0 ? step : 0;
+    return mix((uint64_t)s * 0x100000001b3ull ^ mix(i));
 }
 
 /* The extra state, made to hold the step's words (a replacement's hold those of step -1).
@@ -416,7 +424,9 @@ static rg_status_t extra_fill(const options_t *o, int64_t step, bool joining)
         }
     }
     if (!joining && extra.step != step) {
-        for (size_t i = 0; i < extra.n; i++) {
+        /* Every word the first time (from a replacement's own), then the step's words. */
+        size_t stride = extra.step < 0 ? 1 : EXTRA_STRIDE;
+        for (size_t i = 0; i < extra.n; i += stride) {
             extra.w[i] = extra_word(step, i);
         }
         extra.step = step;
@@ -440,10 +450,11 @@ static void step_log(const options_t *o, int rank, int64_t done)
     }
 }
 
-/* Whether the extra state holds the words of `step`, as it must after a regroup to it. */
-static rg_status_t extra_check(int64_t step)
+/* Whether the extra state holds the words of `step`, as it must after a regroup to it: the
+ * step's words (stride EXTRA_STRIDE: after a transfer), or every word (stride 1: at the end). */
+static rg_status_t extra_check(int64_t step, size_t stride)
 {
-    for (size_t i = 0; i < extra.n; i++) {
+    for (size_t i = 0; i < extra.n; i += stride) {
         if (extra.w[i] != extra_word(step, i)) {
             return rg_error(RG_ECORRUPT, "the extra state differs from that of step %lld at "
                             "word %zu of %zu", (long long)step, i, extra.n);
@@ -475,7 +486,7 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
                                         .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
     if (st == RG_OK && o->state_kb > 0 && rs.received) {
-        st = extra_check(rs.step_out);
+        st = extra_check(rs.step_out, EXTRA_STRIDE);
     } else if (st == RG_OK && o->state_kb > 0 && extra.step != rs.step_out) {
         /* A member that received nothing must already hold the step agreed on (its words
          * are checked word by word at the end, as every rank's are). */
@@ -612,6 +623,14 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         if (rank == 0) {
             printf("resumed from step %lld at world size %d\n", (long long)ckpt_step, world);
+        }
+    }
+    if (o->state_kb > 0 && !joined) {
+        /* The extra state is made before training, as a program builds its model: a regroup
+         * then only brings its step's words up to date. */
+        st = extra_fill(o, (int64_t)(cur.epoch * per_epoch + cur.step), false);
+        if (st != RG_OK) {
+            goto out;
         }
     }
     /* The step the table's copies hold: a regroup commits them (a replacement's too), every
@@ -790,7 +809,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         table_at = (int64_t)(cur.epoch * per_epoch + cur.step);   /* (the regroup's commit) */
         regrouped = true;
     }
-    if (extra.w != NULL && (st = extra_check(extra.step)) != RG_OK) {
+    if (extra.w != NULL && (st = extra_check(extra.step, 1)) != RG_OK) {
         goto out;
     }
     bool table_ok = true;
