@@ -36,6 +36,10 @@
  * that tells a replacement worker it is not in the round it was started in yet. */
 #define RG_NOTICE_PIPE_ENV   "REGROUP_AGENT_PIPE_FD"
 #define RG_NOTICE_JOIN_ENV   "REGROUP_INPLACE_JOIN"
+/* With it, how long the agent may take to let the newcomer in, in ms (twice its join timeout:
+ * until its newcomers are ready, then the join; a node at the job's maximum size waits for
+ * room within that), which bounds the newcomer's wait for its first round. */
+#define RG_NOTICE_JOIN_MS_ENV "REGROUP_INPLACE_JOIN_TIMEOUT_MS"
 /* In an in-place job, the node copies of the workers' sharded tables (rg_train_table_t,
  * train/train_table.c owns their format): one memfd per local rank, made empty by the agent
  * and inherited by every worker of the node, named in local rank order by

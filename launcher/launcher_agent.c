@@ -415,9 +415,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                                               "another agent opened a new round",
                                               "this agent's lease was lost"};
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_JOIN_PENDING) {
-                /* A node that waits to join (in place, one whose newcomers could not join, or
-                 * one at the job's maximum size): fresh workers that hold no state, so the
-                 * job takes the restart path. A node joins in place by opening the next
+                /* A node that waits to join below the maximum size (in place, one whose
+                 * newcomers could not join): fresh workers that hold no state, so the job
+                 * takes the restart path (a node with newcomers ready waits only at the
+                 * maximum size, and is taken in by a round with room). A node joins in place by opening the next
                  * round with its newcomers ready (launcher_inplace_newcomers) instead. */
                 rg_info("round %d ends: %s (restarting: a node waits to join)",
                         asg->round, why[change]);
@@ -449,7 +450,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
 
 /* In place, the job runs without this node (rg_rdzv_join's RG_EAGAIN, asg the round
  * running): this node's workers start as newcomers, outside any round, and join once ready;
- * the running members go on meanwhile. */
+ * the running members go on meanwhile. At the job's maximum size they wait, ready, for the
+ * first round with room (a node lost or leaving): the join registers this node as waiting,
+ * and the round the members form without the lost node expects it. */
 static launcher_inplace_end_t join_as_newcomers(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     launcher_spawn_t sp = {.cfg = ag->cfg, .asg = asg, .endpoints = ag->endpoints,
@@ -468,7 +471,12 @@ static launcher_inplace_end_t join_as_newcomers(agent_t *ag, const rg_rdzv_assig
     rg_log_set_identity(-1, asg->round);
     launcher_inplace_end_t ie = launcher_inplace_newcomers(&e, &sp, &ag->child_mask,
                                                            &ag->stop_signal);
-    if (ie == INPLACE_JOINED && rg_rdzv_open_round_after(ag->rdzv, asg->round) != RG_OK) {
+    if (ie == INPLACE_JOINED && asg->n_members >= ag->cfg->max_nodes) {
+        fprintf(stderr, "regroup: the job runs at its maximum size (%d nodes): this node's "
+                "newcomers are ready and wait for room (a node that leaves)\n",
+                ag->cfg->max_nodes);
+    } else if (ie == INPLACE_JOINED &&
+               rg_rdzv_open_round_after(ag->rdzv, asg->round) != RG_OK) {
         rg_warn("cannot open the round after %d for this node's newcomers (%s); joining "
                 "anyway", asg->round, rg_last_error());
     }

@@ -14,7 +14,9 @@
  *     with it, which the others reach at a step boundary.
  *   - A node joins the running job: its agent starts its workers as newcomers (in no round,
  *     as replacements are), waits until every one is ready, then opens the next round and
- *     joins it with them (launcher_inplace_newcomers); the members go on meanwhile.
+ *     joins it with them (launcher_inplace_newcomers); the members go on meanwhile. At the
+ *     job's maximum size it opens none: it waits as a waiting node, its newcomers ready,
+ *     and the round the members form once a node is lost or leaves takes it in.
  *   - Another agent opens a round (a member was lost, a replacement is ready elsewhere): the
  *     agent posts a MEMBERS notice (so that its workers regroup at the next step boundary, if
  *     no collective failed first) and joins it.

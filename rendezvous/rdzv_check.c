@@ -273,8 +273,8 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
     if (st != RG_OK) {
         return st;
     }
-    if (r > z->cur.round) {
-        return RG_OK;   /* someone already moved on */
+    if (r > z->cur.round || z->last_round < 0) {
+        return RG_OK;   /* someone already moved on, or this agent was in no round yet */
     }
     rdzv_fence_t fence;
     st = agent_fence(z, &fence);

@@ -358,8 +358,9 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
          * depend on the running agents noticing the waiting key. So too when none of its
          * members' descriptors is left (their leases were revoked or expired, and no member
          * finished): nobody is running it to let us in (a whole job preempted, then started
-         * again under the same job id). */
-        if (z->hold_running && n > 0 && out->n_members < z->p.max_nodes) {
+         * again under the same job id). An in-place agent (hold_running) starts its workers
+         * as newcomers first, at the maximum size too: they wait there for room. */
+        if (z->hold_running && n > 0) {
             return rg_error(RG_EAGAIN, "rendezvous: round %d of job %s runs without this node",
                             r, z->job);   /* rg_rdzv_set_join_running */
         }

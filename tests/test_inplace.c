@@ -6,13 +6,15 @@
  * newcomer that receives it is killed in the middle of the transfer (the receivers' state
  * stays; the next round carries it); the survivors keep their processes (their pids finish
  * the job), nobody resumes from a checkpoint, and no process is left behind. Losing a node
- * below the minimum ends the job with a clear error within the join timeout. A program that
- * does not regroup in place is recovered by restarting, with a warning. rg-fmnist and
- * rg_trainer_fit recover in place.
+ * below the minimum ends the job with a clear error within the join timeout. A node that
+ * comes at the maximum size waits with its newcomers ready and joins in place once a node is
+ * lost. A program that does not regroup in place is recovered by restarting, with a
+ * warning. rg-fmnist and rg_trainer_fit recover in place.
  */
 #include "test_util.h"
 
 #include <regroup/ckpt.h>
+#include <regroup/etcd.h>
 
 #include <check.h>
 #include <signal.h>
@@ -27,10 +29,12 @@ static char dir[256];
 static char ckpt[300];
 static test_etcd_t etcd;
 static const char *node_state_kb = "0";   /* rg-exact's --state-kb on start_node's nodes */
+static const char *node_epochs = "8";     /* and its --epochs */
 
 static void setup(void)
 {
     node_state_kb = "0";
+    node_epochs = "8";
     test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "inplace");
 }
 
@@ -457,7 +461,7 @@ static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
 {
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
                     "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
-                    "--epochs", "8", "--work", "400000", "--table-rows", "1000",
+                    "--epochs", (char *)node_epochs, "--work", "400000", "--table-rows", "1000",
                     "--state-kb", (char *)node_state_kb, NULL};
     return test_spawn_logged(dir, name, argv);
 }
@@ -637,6 +641,60 @@ END_TEST
 START_TEST(test_inplace_bigger_node_joins)
 {
     node_joins(1, 2);
+}
+END_TEST
+
+/* How many nodes wait to join the test's job (its waiting/ keys, docs/etcd-keys.md), or -1. */
+static int64_t waiting_nodes(void)
+{
+    rg_etcd_t *cli;
+    rg_etcd_range_t res;
+    rg_etcd_range_req_t rq = {.key = "/regroup/job/waiting/", .prefix = true,
+                              .count_only = true};
+    int64_t n = -1;
+    if (rg_etcd_create(&etcd.params, &cli) != RG_OK) {
+        return -1;
+    }
+    if (rg_etcd_range(cli, &rq, RG_DEADLINE_DEFAULT, &res) == RG_OK) {
+        n = res.count;
+        rg_etcd_range_cleanup(&res);
+    }
+    rg_etcd_destroy(cli);
+    return n;
+}
+
+/* A node that comes while the job is at its maximum size (2 nodes) starts its workers as
+ * newcomers and waits; once a node is lost, it joins in place: node a's workers keep their
+ * processes, node c's newcomers receive the state over the group, nothing restarts (before,
+ * the waiting node joined with fresh workers and the job restarted from its checkpoint). */
+START_TEST(test_inplace_node_waits_at_max_size)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=60";
+    job_etcd();
+    node_epochs = "16";   /* long enough for c to start, b's lease to run out and c to join */
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    wait_training();
+    pid_t c = start_node("c", "--nnodes=1:2", "--nproc-per-node=2", conf);
+    TEST_WAIT_UNTIL(waiting_nodes() == 1, 60000, "node c does not wait to join");
+    ck_assert_int_eq(kill(b, SIGKILL), 0);
+    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    ck_assert_int_eq(test_wait_exit(c, 30000), 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
+                  "the job did not finish exactly at world size 4");
+    ck_assert_msg(test_log_has(dir, "c", "started (joining 1)") &&
+                      test_log_has(dir, "c", "wait for room"),
+                  "node c's workers were no newcomers waiting at the maximum size");
+    ck_assert_msg(test_log_has(dir, "c", "received from rank"),
+                  "node c's workers received no state");
+    const char *never[] = {"resumed from step", "the job restarts", "restart the job"};
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
+        ck_assert_msg(!test_log_has(dir, "a", never[i]) && !test_log_has(dir, "c", never[i]),
+                      "\"%s\" in a node's log: the job restarted", never[i]);
+    }
+    check_pids("a", 2, 2);
+    check_pids("c", 2, 0);
 }
 END_TEST
 
@@ -962,6 +1020,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_table_lost_falls_back_to_disk);
     tcase_add_test(tc, test_inplace_node_joins);
     tcase_add_test(tc, test_inplace_bigger_node_joins);
+    tcase_add_test(tc, test_inplace_node_waits_at_max_size);
     tcase_add_test(tc, test_inplace_hang_while_joining);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_sigterm_while_rejoining);

@@ -44,6 +44,8 @@ struct rg_train_ctx {
     bool             in_place;       /* params.in_place under `regroup --recovery=in-place` */
     bool             joining;        /* a replacement, in no round yet */
     bool             said_ready;     /* it told its agent it is ready */
+    int              join_wait_ms;   /* a newcomer: how long its agent may take to let it in
+                                      * ($REGROUP_INPLACE_JOIN_TIMEOUT_MS; 0: not said) */
     int              fenced_round;   /* a write of this round was fenced while the agent
                                       * lives: the job moved on, a regroup is due; or -1 */
     int64_t          comm_timeout_ms;/* the group's, for the groups regroup makes */

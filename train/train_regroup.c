@@ -517,7 +517,12 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
             rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(3000, 3 * ttl)));
             st = wait_assignment(ctx, min_round, first, &a);
         } else {
-            st = wait_assignment(ctx, min_round, deadline, &a);   /* until survivors let it in */
+            /* A newcomer waits until the members let it in, as long as its agent may take
+             * for that (a node at the job's maximum size waits for room), then has the
+             * regroup's own time. */
+            st = wait_assignment(ctx, min_round,
+                                 rg_deadline_in_ms((int64_t)ctx->join_wait_ms + ms), &a);
+            deadline = rg_deadline_in_ms(ms);
         }
         if (st != RG_OK) {
             break;

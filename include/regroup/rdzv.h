@@ -144,16 +144,18 @@ rg_status_t rg_rdzv_restart_requested(rg_rdzv_t *rdzv, int round, bool *yes)
  * live workers, less the replacements not ready yet); 0..params.nproc. */
 void rg_rdzv_set_nproc(rg_rdzv_t *rdzv, int nproc);
 /* In-place jobs: with hold set, a join that finds the job running without this node (a
- * closed round of live members, below the maximum size, that is not the job's end) returns
- * RG_EAGAIN with that round in *out, before this node registers as waiting: the agent starts
- * its workers as newcomers first, so that the running members never wait for them to start,
- * then joins the next round with hold off. */
+ * closed round of live members, at any size up to the maximum, that is not the job's end)
+ * returns RG_EAGAIN with that round in *out, before this node registers as waiting: the agent
+ * starts its workers as newcomers first, so that the running members never wait for them to
+ * start, then joins the next round with hold off (at the maximum size, the first round that
+ * has room for it: it waits as a waiting node does). */
 void rg_rdzv_set_join_running(rg_rdzv_t *rdzv, bool hold);
 /* In-place jobs: a node that is no member of the running round `round` (its newcomers are
  * ready) moves the job to the round after it, so that the members take the node in; a no-op
  * if the job already moved on. */
 rg_status_t rg_rdzv_open_round_after(rg_rdzv_t *rdzv, int round) RG_ETCD_NODISCARD;
-/* Moves the job to the next round (a no-op if another agent already did). */
+/* Moves the job to the next round (a no-op if another agent already did, or if this agent
+ * was in no round yet). */
 rg_status_t rg_rdzv_next_round(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
 /* Records that this node's workers all finished successfully in the current round. */
 rg_status_t rg_rdzv_done(rg_rdzv_t *rdzv) RG_ETCD_NODISCARD;
