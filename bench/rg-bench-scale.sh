@@ -24,6 +24,13 @@
 #         job_s as above (job_s: the three started to the last one's exit).
 #   preempt  as loss, but b's agent gets SIGTERM (a preemption notice): its workers take the
 #         last checkpoint, hand over and leave, and a's go on at world 2 (b's agent exits 143).
+#   copies  as loss, in place, with a sharded table of --table-rows rows (rg-exact
+#         --table-rows), and instead of the two modes the two numbers of buddy copies a rank
+#         keeps of another's rows ($REGROUP_TABLE_BUDDY_COPIES 1 and 2, interleaved): how often
+#         a node lost at a random moment takes the job back to its disk checkpoint because some
+#         rows were held at no step a member is at (fallbacks_to_disk: runs whose regroup said
+#         the rows were held by no member and which resumed from a checkpoint; any other
+#         resume fails the bench), and the pause and steps redone with it.
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
 # load averages at its start and end. A run that does not end with exact=1 at the expected
@@ -32,7 +39,8 @@
 # (rg_bench_steps.py). Holds /tmp/regroup-bench.lock so that no two benchmarks run at once.
 #
 #   bench/rg-bench-scale.sh [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS]
-#                           [--scenario join|loss|kill|preempt|both|all]   (both: join and loss)
+#                           [--scenario join|loss|kill|preempt|copies|both|all]   (both: join
+#                           and loss; all: not copies) [--table-rows N] (copies: 1000)
 #                           [--keep DIR]   (every run's logs and step logs, copied to DIR)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +53,8 @@ epochs=6
 at=15
 scenarios="join loss"
 keep=""
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|both|all] [--keep DIR]"
+table_rows=1000
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|copies|both|all] [--table-rows N] [--keep DIR]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -54,14 +63,16 @@ while (($#)); do
         --epochs) epochs=$2; shift 2 ;;
         --at) at=$2; shift 2 ;;
         --keep) keep=$2; shift 2 ;;
+        --table-rows) table_rows=$2; shift 2 ;;
         --scenario)
-            case "$2" in join|loss|kill|preempt) scenarios=$2 ;; both) scenarios="join loss" ;;
+            case "$2" in join|loss|kill|preempt|copies) scenarios=$2 ;; both) scenarios="join loss" ;;
                 all) scenarios="join loss kill preempt" ;; *) echo "$usage" >&2; exit 2 ;; esac
             shift 2 ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
 rg_bench_check_reps "$reps"
+[[ "$table_rows" =~ ^[0-9]+$ ]] && ((table_rows >= 1)) || { echo "--table-rows must be at least 1" >&2; exit 2; }
 [[ "$at" =~ ^[0-9]+$ ]] && ((at >= 2)) || { echo "--at must be at least 2" >&2; exit 2; }
 [[ "$epochs" =~ ^[0-9]+$ && "$work" =~ ^[0-9]+$ ]] && ((epochs >= 1)) ||
     { echo "--epochs and --work must be whole numbers (epochs >= 1)" >&2; exit 2; }
@@ -172,18 +183,23 @@ run_join() { # $1 = mode (restart|in-place), $2 = repetition
         from=$(cat "$d"/[ab].log | sed -n 's/^resumed from step \([0-9]*\) at world size 4$/\1/p' | head -1)
     fi
     [[ -n "$from" ]] || { show "$d"/[ab].log; fail "$d: rank 0 never said it went on at world 4"; }
-    echo "join $1 $2 $((t1 - t0)) $tb $from" >>"$out/runs.txt"
+    echo "join $1 $2 $((t1 - t0)) $tb $from 0" >>"$out/runs.txt"
 }
 
-run_loss() { # $1 = mode (restart|in-place), $2 = repetition; $3 = the signal (KILL)
-    local sig=${3:-KILL} scen=loss
+run_loss() { # $1 = mode (restart|in-place|copies-1|copies-2), $2 = repetition; $3 = the signal (KILL)
+    local sig=${3:-KILL} scen=loss mode=$1 table=() fb=0
     [[ "$sig" == KILL ]] || scen=preempt
+    if [[ "$1" == copies-* ]]; then   # in place, with a table and that many buddy copies
+        scen=copies mode=in-place table=(--table-rows "$table_rows")
+    fi
     local d="$out/$scen-$1-$2" conf="lease_ttl=2,last_call_timeout=6,join_timeout=30"
     mkdir -p "$d/ckpt"
     local t0 tk t1 a b rca rcb
     t0=$(now_ms)
-    agent "$d" a "$1" "$scen-$1-$2" "$conf"; a=$!
-    agent "$d" b "$1" "$scen-$1-$2" "$conf"; b=$!
+    [[ "$scen" != copies ]] || export REGROUP_TABLE_BUDDY_COPIES=${1#copies-}
+    agent "$d" a "$mode" "$scen-$1-$2" "$conf" 1:2 "${table[@]}"; a=$!
+    agent "$d" b "$mode" "$scen-$1-$2" "$conf" 1:2 "${table[@]}"; b=$!
+    unset REGROUP_TABLE_BUDDY_COPIES
     wait_steps "$d" "$at" "$a"
     grep -aq "round 0: started 2 workers (ranks [0-9]*\.\.[0-9]* of 4," "$d/b.log" ||
         { show "$d"/[ab].log; fail "$d: node b's workers were not in round 0 at world 4"; }
@@ -200,11 +216,15 @@ run_loss() { # $1 = mode (restart|in-place), $2 = repetition; $3 = the signal (K
     [[ "$sig" == KILL ]] || grep -aq "this node leaves the job: SIGTERM" "$d/b.log" ||
         { show "$d/b.log"; fail "$d: node b did not leave on SIGTERM"; }
     check_exact "$d" 2
-    if [[ "$1" == in-place ]]; then
-        ! grep -aq "resumed from step" "$d/a.log" || fail "$d: resumed from a checkpoint in place"
+    if [[ "$mode" == in-place ]] && grep -aq "resumed from step" "$d/a.log"; then
+        [[ "$scen" == copies ]] && grep -aq "held by no member" "$d/a.log" ||
+            fail "$d: resumed from a checkpoint in place"
+        fb=1   # the table's rows were held at no common step: back to the disk checkpoint
     fi
-    echo "$scen $1 $2 $((t1 - t0)) $tk -1" >>"$out/runs.txt"
+    echo "$scen $1 $2 $((t1 - t0)) $tk -1 $fb" >>"$out/runs.txt"
 }
+
+run_copies() { run_loss "$1" "$2"; }
 
 run_preempt() { run_loss "$1" "$2" TERM; }
 
@@ -232,26 +252,28 @@ run_kill() { # $1 = mode (restart|in-place), $2 = repetition
     if [[ "$1" == in-place ]]; then
         ! grep -aq "resumed from step" "$d"/[abc].log || fail "$d: resumed from a checkpoint in place"
     fi
-    echo "kill $1 $2 $((t1 - t0)) -1 -1" >>"$out/runs.txt"
+    echo "kill $1 $2 $((t1 - t0)) -1 -1 0" >>"$out/runs.txt"
 }
 
 for s in $scenarios; do
+    m1=restart m2=in-place
+    [[ "$s" != copies ]] || m1=copies-1 m2=copies-2
     for ((r = 0; r < reps; r++)); do
-        if ((r % 2 == 0)); then "run_$s" restart "$r"; "run_$s" in-place "$r"
-        else "run_$s" in-place "$r"; "run_$s" restart "$r"; fi
+        if ((r % 2 == 0)); then "run_$s" "$m1" "$r"; "run_$s" "$m2" "$r"
+        else "run_$s" "$m2" "$r"; "run_$s" "$m1" "$r"; fi
     done
 done
 
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
-    "$load_start" <<'EOF'
+    "$load_start" "$table_rows" <<'EOF'
 import json, os, sys
 from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 meta = build_meta(sys.argv[6], sys.argv[7])
 runs = {}
 for line in open(os.path.join(out, "runs.txt")):
-    scen, mode, rep, job_ms, event_ms, frm = line.split()
-    runs[(scen, mode, int(rep))] = (int(job_ms) / 1000.0, int(event_ms), int(frm))
+    scen, mode, rep, job_ms, event_ms, frm, fb = line.split()
+    runs[(scen, mode, int(rep))] = (int(job_ms) / 1000.0, int(event_ms), int(frm), int(fb))
 
 def first_at(steps, frm):
     """The time (ms) of the first step completed after going on from step frm: the step
@@ -263,17 +285,19 @@ def first_at(steps, frm):
     return steps[(after or idx)[0]][1]
 
 names = {"join": "node-joins", "loss": "node-lost", "kill": "worker-sigkill",
-         "preempt": "node-preempted"}
-for scen in sorted({k[0] for k in runs}, key=["join", "loss", "kill", "preempt"].index):
+         "preempt": "node-preempted", "copies": "node-lost-table"}
+order = ["join", "loss", "kill", "preempt", "copies"]
+for scen in sorted({k[0] for k in runs}, key=order.index):
     jobs = {}
-    for mode in ("restart", "in-place"):
+    modes = ("copies-1", "copies-2") if scen == "copies" else ("restart", "in-place")
+    for mode in modes:
         res = []
         for r in range(reps):
-            job_s, event_ms, frm = runs[(scen, mode, r)]
+            job_s, event_ms, frm, fb = runs[(scen, mode, r)]
             steps = read(os.path.join(out, f"{scen}-{mode}-{r}", "steps.txt"))
             pause, redone, step_s = pause_redone(steps)
             extra = (first_at(steps, frm) - event_ms) / 1000.0 if scen == "join" else None
-            res.append((pause, redone, step_s, job_s, extra))
+            res.append((pause, redone, step_s, job_s, extra, fb))
             jobs[(mode, r)] = job_s
         line = {"bench": "scale", "scenario": names[scen],
                 "mode": mode, "nodes": 3 if scen == "kill" else 2, "workers_per_node": 2,
@@ -284,11 +308,15 @@ for scen in sorted({k[0] for k in runs}, key=["join", "loss", "kill", "preempt"]
                 "step_s": stats([x[2] for x in res])}
         if scen == "join":
             line["to_world4_s"] = stats([x[4] for x in res])
+        if scen == "copies":
+            line["table_rows"] = int(sys.argv[9])
+            line["fallbacks_to_disk"] = sum(x[5] for x in res)
         line["job_s"] = stats([x[3] for x in res])
         print(json.dumps({**line, **meta}))
-    ratios = [jobs[("in-place", r)] / jobs[("restart", r)] for r in range(reps)]
+    ratios = [jobs[(modes[1], r)] / jobs[(modes[0], r)] for r in range(reps)]
+    key = "job_time_ratio_" + "_over_".join(m.replace("-", "_") for m in modes[::-1])
     print(json.dumps({"bench": "scale", "scenario": names[scen],
-                      "job_time_ratio_in_place_over_restart": stats(ratios), "reps": reps, **meta}))
+                      key: stats(ratios), "reps": reps, **meta}))
 print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
                   "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
 EOF

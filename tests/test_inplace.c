@@ -184,6 +184,25 @@ START_TEST(test_inplace_kill_between_steps)
 }
 END_TEST
 
+/* $REGROUP_TABLE_BUDDY_COPIES=1 (one buddy copy, two extra copies of a rank's rows in all):
+ * a bad value fails the worker, naming the variable; with 1 a killed rank's rows still come
+ * back in place. */
+START_TEST(test_inplace_table_one_buddy_copy)
+{
+    char *extra[] = {"--kill-at", "32", "--kill-rank", "1"};
+    setenv("REGROUP_TABLE_BUDDY_COPIES", "3", 1);
+    pid_t bad = start_one_node("copies-bad", 2, NULL, 0);
+    ck_assert_int_ne(test_wait_exit(bad, 60000), 0);
+    ck_assert(test_log_has(dir, "copies-bad", "REGROUP_TABLE_BUDDY_COPIES=3: 1 or 2"));
+    setenv("REGROUP_TABLE_BUDDY_COPIES", "1", 1);
+    pid_t one = start_one_node("copies-one", 4, extra, 4);
+    unsetenv("REGROUP_TABLE_BUDDY_COPIES");
+    end_one_node("copies-one", one);
+    ck_assert(test_log_has(dir, "copies-one", "table=1"));
+    check_pids("copies-one", 4, 3);
+}
+END_TEST
+
 START_TEST(test_inplace_kill_in_allreduce)
 {
     char *extra[] = {"--kill-at", "27", "--kill-rank", "2", "--kill-in-allreduce"};
@@ -1012,6 +1031,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_print_config);
     tcase_add_test(tc, test_inplace_kill_between_steps);
     tcase_add_test(tc, test_inplace_kill_in_allreduce);
+    tcase_add_test(tc, test_inplace_table_one_buddy_copy);
     tcase_add_test(tc, test_inplace_member_lost_before_keepalive);
     tcase_add_test(tc, test_inplace_two_faults);
     tcase_add_test(tc, test_inplace_replacement_ready_after_the_end);

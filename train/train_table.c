@@ -5,7 +5,9 @@
  * Copies. rg_train_table_commit(step) is a small two-phase commit:
  *   1. this rank sends its rows to its buddy, and receives its sender's rows into the older of
  *      the two buddy copies it keeps (marked invalid first, valid at `step` once whole: the
- *      newer one, of the step before, stays whole whatever happens meanwhile);
+ *      newer one, of the step before, stays whole whatever happens meanwhile; with
+ *      $REGROUP_TABLE_BUDDY_COPIES=1, into the only one, and the step before is then held
+ *      only by the node copies until the commit is over);
  *   2. the ranks agree that every exchange succeeded (an allreduce of one word: none
  *      completes unless every rank took part, so a member that died before this point makes
  *      the commit fail everywhere);
@@ -58,6 +60,7 @@
 #define MOVES_MAX     0xffffu
 #define ROWS_MAX      0xffffffffull
 #define ROW_BYTES_MAX (1ull << 30)
+#define TABLE_COPIES_ENV "REGROUP_TABLE_BUDDY_COPIES"
 
 typedef struct {
     _Atomic uint32_t valid;   /* 1: the fields and the rows are whole */
@@ -88,7 +91,9 @@ struct rg_train_table {
     uint64_t       first;
     uint64_t       count;
     unsigned char *rows;
-    /* the two copies of the sender's rows this rank keeps: the newest and the one before */
+    /* the copies of the sender's rows this rank keeps: the newest and (n_copies 2) the one
+     * before */
+    int            n_copies;    /* $REGROUP_TABLE_BUDDY_COPIES: 1 or 2 */
     hold_t         copy[2];     /* step -1: invalid */
     unsigned char *copy_rows[2];
     size_t         copy_cap[2];
@@ -192,10 +197,18 @@ rg_status_t rg_train_table_create(rg_train_ctx_t *ctx, uint64_t n_rows, size_t r
         return rg_error(RG_EINVAL, "rg_train_table_create: this worker has a table already "
                         "(one per worker: put every sharded tensor in its rows)");
     }
+    int64_t n_copies = 2;
+    const char *env = getenv(TABLE_COPIES_ENV);
+    if (env != NULL && env[0] != '\0' &&
+        (!rg_parse_i64(env, &n_copies) || n_copies < 1 || n_copies > 2)) {
+        return rg_error(RG_EINVAL, "%s=%s: 1 or 2 (the buddy copies of a rank's rows)",
+                        TABLE_COPIES_ENV, env);
+    }
     rg_train_table_t *t = calloc(1, sizeof(*t));
     if (t == NULL) {
         return rg_error(RG_ENOMEM, "table");
     }
+    t->n_copies = (int)n_copies;
     t->n_rows = n_rows;
     t->row_bytes = row_bytes;
     t->copy[0].step = t->copy[1].step = -1;
@@ -395,8 +408,8 @@ rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *t, int6
     if (st != RG_OK) {
         return st;
     }
-    /* 1. The exchange, into the older copy. */
-    int k = t->copy[0].step <= t->copy[1].step ? 0 : 1;
+    /* 1. The exchange, into the older copy (the only one, with one copy). */
+    int k = t->n_copies == 1 || t->copy[0].step <= t->copy[1].step ? 0 : 1;
     uint64_t c_count;
     uint64_t c_first = share_first(t->n_rows, t->sender, t->world, &c_count);
     size_t bytes = c_count * t->row_bytes;

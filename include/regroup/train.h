@@ -255,6 +255,11 @@ typedef struct {
  * workers: it has no name in /dev/shm and is gone with the agent and its workers). Memory:
  * three extra copies of each rank's rows (its node copy, and the two buddy copies that its
  * buddy holds), and during rg_train_regroup one more transient buffer of a rank's new rows.
+ * $REGROUP_TABLE_BUDDY_COPIES=1 (read at create; 1 or 2, default 2) keeps one buddy copy, two
+ * extra copies in all: a commit then overwrites the only one, so a node lost while the ranks
+ * exchange and agree (or a rank that is alone on its node) leaves some rows at no step a
+ * member is at, and the job restarts from its disk checkpoint (6 of 20 node losses at random
+ * moments in bench/rg-bench-scale.sh --scenario copies, 0 of 20 with two).
  *
  * Commit the rows at every step, after the step's update of the rows and BEFORE applying the
  * step's update to the replicated state: the step counts once the commit returned RG_OK (the
