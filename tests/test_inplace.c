@@ -619,6 +619,24 @@ END_TEST
  * start as newcomers outside any round while the job goes on, and join once ready, receiving
  * the state over the group; nobody restarts (node a's first workers finish the job) and the
  * job ends exactly at world nproc_a + nproc_b. */
+/* Node `member`'s log holds the job's exact end at `world` ("world=N"), node `joiner`'s
+ * workers started as newcomers and received the state, and neither node's job restarted. */
+static void check_joined(const char *member, const char *joiner, const char *world)
+{
+    ck_assert_msg(test_log_has(dir, member, "exact=1") && test_log_has(dir, member, world),
+                  "the job did not finish exactly at %s", world);
+    ck_assert_msg(test_log_has(dir, joiner, "started (joining 1)"),
+                  "node %s's workers were no newcomers", joiner);
+    ck_assert_msg(test_log_has(dir, joiner, "received from rank"),
+                  "node %s's workers received no state", joiner);
+    const char *never[] = {"resumed from step", "the job restarts", "restart the job"};
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
+        ck_assert_msg(!test_log_has(dir, member, never[i]) &&
+                          !test_log_has(dir, joiner, never[i]),
+                      "\"%s\" in a node's log: the job restarted", never[i]);
+    }
+}
+
 static void node_joins(int nproc_a, int nproc_b)
 {
     const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=30";
@@ -634,17 +652,7 @@ static void node_joins(int nproc_a, int nproc_b)
     pid_t b = start_node("b", "--nnodes=1:2", np_b, conf);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", world),
-                  "the job did not finish exactly at %s", world);
-    ck_assert_msg(test_log_has(dir, "b", "started (joining 1)"),
-                  "node b's workers were no newcomers");
-    ck_assert_msg(test_log_has(dir, "b", "received from rank"),
-                  "node b's workers received no state");
-    const char *never[] = {"resumed from step", "the job restarts", "restart the job"};
-    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
-        ck_assert_msg(!test_log_has(dir, "a", never[i]) && !test_log_has(dir, "b", never[i]),
-                      "\"%s\" in a node's log: the job restarted", never[i]);
-    }
+    check_joined("a", "b", world);
     check_pids("a", nproc_a, nproc_a);
 }
 
@@ -700,18 +708,9 @@ START_TEST(test_inplace_node_waits_at_max_size)
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(c, 30000), 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
-                  "the job did not finish exactly at world size 4");
-    ck_assert_msg(test_log_has(dir, "c", "started (joining 1)") &&
-                      test_log_has(dir, "c", "wait for room"),
-                  "node c's workers were no newcomers waiting at the maximum size");
-    ck_assert_msg(test_log_has(dir, "c", "received from rank"),
-                  "node c's workers received no state");
-    const char *never[] = {"resumed from step", "the job restarts", "restart the job"};
-    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
-        ck_assert_msg(!test_log_has(dir, "a", never[i]) && !test_log_has(dir, "c", never[i]),
-                      "\"%s\" in a node's log: the job restarted", never[i]);
-    }
+    check_joined("a", "c", "world=4");
+    ck_assert_msg(test_log_has(dir, "c", "wait for room"),
+                  "node c's newcomers did not wait at the maximum size");
     check_pids("a", 2, 2);
     check_pids("c", 2, 0);
 }
