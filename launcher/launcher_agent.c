@@ -135,7 +135,7 @@ static round_end_t inplace_restart(agent_t *ag, const char *why)
 
 /* In place: the workers' side of a change; the next round is joined by agent_loop. */
 static round_end_t inplace_change(agent_t *ag, const rg_rdzv_assignment_t *asg,
-                                  const char *why)
+                                  const char *why, bool planned)
 {
     char not_capable[256];
     if (!launcher_inplace_capable(&ag->ip, &ag->ws, not_capable, sizeof(not_capable))) {
@@ -144,7 +144,14 @@ static round_end_t inplace_change(agent_t *ag, const rg_rdzv_assignment_t *asg,
         return inplace_restart(ag, not_capable);
     }
     rg_info("round %d: %s; regrouping in place", asg->round, why);
-    rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0, why);
+    if (!planned) {
+        /* A member is lost: the workers stop at their next step boundary, if no collective
+         * failed first. A planned change (a join, a replacement that is ready) lets them
+         * train on while the agents form the round: the assignment on the page makes them
+         * regroup at the step boundary after it (rg_report's agreement), so the pause is the
+         * regroup's, not the rendezvous' too. */
+        rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0, why);
+    }
     return ROUND_IN_PLACE;
 }
 
@@ -417,15 +424,15 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_JOIN_PENDING) {
                 /* A node that waits to join below the maximum size (in place, one whose
                  * newcomers could not join): fresh workers that hold no state, so the job
-                 * takes the restart path (a node with newcomers ready waits only at the
-                 * maximum size, and is taken in by a round with room). A node joins in place by opening the next
-                 * round with its newcomers ready (launcher_inplace_newcomers) instead. */
+                 * takes the restart path. A node joins in place by opening the next round
+                 * with its newcomers ready (launcher_inplace_newcomers) instead, or at the
+                 * maximum size by waiting with them ready for a round with room. */
                 rg_info("round %d ends: %s (restarting: a node waits to join)",
                         asg->round, why[change]);
                 return inplace_restart(ag, "a node joins");
             }
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_MEMBER_LOST) {
-                return inplace_change(ag, asg, why[change]);
+                return inplace_change(ag, asg, why[change], false);
             }
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_NEW_ROUND) {
                 pending = why[change];
@@ -443,7 +450,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         /* A planned change waits until this node's workers are in the round assigned, so
          * that none skips the round its peers are building (bounded). */
         if (pending != NULL && launcher_inplace_settled(&ag->ip, &ag->ws)) {
-            return inplace_change(ag, asg, pending);
+            return inplace_change(ag, asg, pending, true);
         }
     }
 }

@@ -10,16 +10,18 @@
  *     --max-restarts as in restart mode), starts a replacement for that local rank at once
  *     ($REGROUP_INPLACE_JOIN=1: it is in no round yet), and joins the next round without it.
  *     The survivors carry on at the smaller size; once the replacement says it is ready (a
- *     message on the pipe below), the agent posts a MEMBERS notice and joins one more round
- *     with it, which the others reach at a step boundary.
+ *     message on the pipe below), the agent joins one more round with it while they train
+ *     on; the assignment on the page makes them regroup at their next step boundary.
  *   - A node joins the running job: its agent starts its workers as newcomers (in no round,
  *     as replacements are), waits until every one is ready, then opens the next round and
  *     joins it with them (launcher_inplace_newcomers); the members go on meanwhile. At the
  *     job's maximum size it opens none: it waits as a waiting node, its newcomers ready,
  *     and the round the members form once a node is lost or leaves takes it in.
- *   - Another agent opens a round (a member was lost, a replacement is ready elsewhere): the
- *     agent posts a MEMBERS notice (so that its workers regroup at the next step boundary, if
- *     no collective failed first) and joins it.
+ *   - A member is lost: the agent posts a MEMBERS notice (so that its workers regroup at the
+ *     next step boundary, if no collective failed first) and joins the next round. Another
+ *     agent opens a round (a replacement or a node is ready elsewhere): the agent joins it,
+ *     its workers training on until it assigns them their ranks there (rg_report's agreement
+ *     sees a newer round on the page, and every rank regroups at that step).
  *
  * Ranks in a round: nodes in the close policy's order (previous members keep their order, a
  * lost node's ranks are closed up), and within a node the local ranks taking part, in order:
