@@ -106,6 +106,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
         goto err;
     }
     st = rg_etcd_create(&env->etcd, &ctx->etcd); /* TLS files and user from the launcher */
+    if (st == RG_OK) {
+        st = train_progress_start(&env->etcd, &ctx->progress);
+    }
     if (st != RG_OK) {
         goto err;
     }
@@ -240,6 +243,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
             rg_warn("abandoning the checkpoint of step %lld in flight: a peer failed",
                     (long long)ctx->save_step);
             rg_comm_destroy(ctx->comm);
+            train_progress_stop(ctx->progress);
             rg_etcd_destroy(ctx->etcd);
             rg_beat_worker_stop(ctx->beat);
             return;
@@ -249,6 +253,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     train_retired_reap(ctx, 1000);   /* earlier groups' checkpoints: bounded, then left */
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
+    train_progress_stop(ctx->progress);
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);
     rg_beat_worker_stop(ctx->beat);
@@ -309,7 +314,8 @@ static bool metric_name_ok(const char *s)
     return true;
 }
 
-static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
+/* Hands the progress record of r to the publisher (train_progress.c): never waits on etcd. */
+static void publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
 {
     char key[RDZV_KEY_MAX];
     char val[4096];
@@ -325,17 +331,24 @@ static rg_status_t publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
     if (st == RG_OK) {
         st = rdzv_rec_progress_encode(&p, val, sizeof(val));
     }
-    if (st == RG_OK) {
-        st = rdzv_fence_put(ctx->etcd, &ctx->fence, key, val, 0, 0, "the progress report");
-    }
-    if (st == RG_ELEASE) {
-        return st;   /* fenced: the caller decides what that means */
-    }
     if (st != RG_OK) {
         /* Progress is informational: training goes on without it. */
         rg_warn("progress report not published: %s", rg_last_error());
+        return;
     }
-    return RG_OK;
+    train_progress_post(ctx->progress, &ctx->fence, key, val);
+}
+
+/* Whether the fence refused a progress record of this rank's round (written in the
+ * background since: the job has left the round): RG_ELEASE, for the caller to decide what
+ * that means, as for a write of its own. */
+static rg_status_t progress_fenced(const rg_train_ctx_t *ctx)
+{
+    if (train_progress_fenced(ctx->progress) < ctx->round) {
+        return RG_OK;
+    }
+    return rg_error(RG_ELEASE, "the progress report of round %d was refused: the job has "
+                    "left that round", ctx->round);
 }
 
 /* Whether this worker's agent is still a live member of the job: RG_ELEASE once its
@@ -456,13 +469,27 @@ static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
     rg_status_t st = RG_OK;
     rg_status_t prev;
 
+    st = fenced_in_place(ctx, progress_fenced(ctx), "progress not published");
+    if (st != RG_OK) {
+        /* Fenced: this rank's round is over for the job; nothing it does counts. */
+        rg_error_log("%s", rg_last_error());
+        return st;   /* no checkpoint of this round may start either */
+    }
     if (state != NULL || rg_now_ns() - ctx->last_progress_ns >= PROGRESS_PERIOD_NS) {
         ctx->last_progress_ns = rg_now_ns();
-        st = fenced_in_place(ctx, publish_progress(ctx, report), "progress not published");
+        publish_progress(ctx, report);
+    }
+    if (state != NULL) {
+        /* No save of a round the job has left: a checkpoint's step waits for its record. */
+        rg_status_t ws = train_progress_wait(ctx->progress);
+        if (ws == RG_ETIMEDOUT) {
+            rg_warn("progress report not published: %s", rg_last_error());
+            ws = RG_OK;
+        }
+        st = fenced_in_place(ctx, ws, "progress not published");
         if (st != RG_OK) {
-            /* Fenced: this rank's round is over for the job; nothing it does counts. */
             rg_error_log("%s", rg_last_error());
-            return st;   /* no checkpoint of this round may start either */
+            return st;
         }
     }
     if (ctx->n_retired > 0) {

@@ -18,6 +18,9 @@
 
 #define TRAIN_RETIRED_MAX 4   /* old checkpointers kept while their last save finishes */
 
+/* train_progress.c: the thread that writes the worker's progress records. */
+typedef struct train_progress train_progress_t;
+
 struct rg_train_ctx {
     int              rank;
     int              world;
@@ -28,6 +31,7 @@ struct rg_train_ctx {
     char             job[128];
     rdzv_keys_t      keys;           /* the job's etcd keys: progress, restored */
     rdzv_fence_t     fence;          /* what every write to them is conditional on */
+    train_progress_t *progress;      /* writes the progress records (train_progress.c) */
     char             ckpt_root[1024];
     rg_etcd_t       *etcd;
     rg_comm_t       *comm;
@@ -66,6 +70,23 @@ struct rg_train_ctx {
     int              n_retired;
     bool             table_made;     /* rg_train_table_create was called (one per worker) */
 };
+
+/* train_progress.c. Starts the thread, with an etcd client of params of its own. */
+rg_status_t train_progress_start(const rg_etcd_params_t *params, train_progress_t **p)
+    RG_NODISCARD;
+/* Hands the thread the record val for key, fenced by fence: it replaces one not written yet.
+ * Never waits on etcd (only on the thread's lock for a copy). */
+void train_progress_post(train_progress_t *p, const rdzv_fence_t *fence, const char *key,
+                         const char *val);
+/* Waits until the last record handed over is written: RG_OK, RG_ELEASE (the fence refused
+ * it), or RG_ETIMEDOUT (the thread did not get it written in twice the client's timeout
+ * and a second). Another etcd failure is RG_OK: progress is informational (warned). */
+rg_status_t train_progress_wait(train_progress_t *p) RG_NODISCARD;
+/* The newest round a record of which the fence refused (the job had left it), or -1. */
+int  train_progress_fenced(train_progress_t *p);
+/* Writes what is pending (bounded by the client's timeout), ends the thread, frees p.
+ * Accepts NULL. */
+void train_progress_stop(train_progress_t *p);
 
 /* train_regroup.c: sets params' abandon hook for the group of `round` at `world` in an
  * in-place job: the group is given up once the agent assigns this worker a newer round of

@@ -145,8 +145,10 @@ typedef struct {
  * has not renewed its membership for a lease TTL, stopped, hung or cut from etcd; the
  * worker must stop, since the job goes on without its node). After the progress and the
  * checkpoint it agrees with the other ranks on the notices their agents posted (one
- * 32-byte allreduce, no etcd): when some agent posted one, every rank gets RG_EMEMBERS at
- * the same step, and rg_train_notice says which kinds and how much time is left. The notice
+ * 32-byte allreduce, no etcd): when some agent posted one, or (in place) assigned its
+ * workers a newer round, every rank gets RG_EMEMBERS at the same step, and rg_train_notice
+ * says which kinds and how much time is left. The progress record goes to etcd from a
+ * thread of the worker's: the call never waits on etcd. The notice
  * stays until its agent clears it, so each call returns it again until then. In place, a
  * preemption that comes while some agent is already in a newer round is only a membership
  * change at first (the ranks regroup, then agree on the preemption in the new round, where
