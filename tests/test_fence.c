@@ -15,6 +15,7 @@
 #include <regroup/train.h>
 
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,14 @@ static void get_value(const char *key, char *out, size_t cap)
         snprintf(out, cap, "%.*s", (int)len, v);
     }
     free(v);
+}
+
+/* Whether key's value holds text. */
+static bool value_has(const char *key, const char *text)
+{
+    char got[512];
+    get_value(key, got, sizeof(got));
+    return strstr(got, text) != NULL;
 }
 
 START_TEST(fenced_put_refused_when_stale)
@@ -247,6 +256,33 @@ START_TEST(fenced_report)
 }
 END_TEST
 
+/* rg_report never waits on etcd for its progress record: with etcd stopped (SIGSTOP: no
+ * answer at all, for the client's 5 s timeout) the call returns at once, and the record lands
+ * once etcd answers again. Before, the record was written on the step's path. */
+START_TEST(report_never_waits_on_etcd)
+{
+    char root[300];
+    char pkey[RDZV_KEY_MAX];
+    rg_train_ctx_t *ctx = NULL;
+    rg_report_t rep = {.step = 1};
+
+    snprintf(root, sizeof(root), "%s/ckpt", dir);
+    put_round(5);
+    worker_env(5, put_member(5, AGENT), root);
+    ck_assert_msg(rg_train_init(NULL, &ctx) == RG_OK, "%s", rg_last_error());
+    ck_assert(rdzv_keys_progress(&keys, 0, pkey, sizeof(pkey)) == RG_OK);
+    ck_assert_int_eq(kill(etcd.srv.pid[0], SIGSTOP), 0);
+    uint64_t t0 = rg_now_ns();
+    rg_status_t st = rg_report(ctx, &rep, NULL);   /* the first report publishes */
+    double took = (double)(rg_now_ns() - t0) / 1e9;
+    ck_assert_int_eq(kill(etcd.srv.pid[0], SIGCONT), 0);
+    ck_assert_msg(st == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(took < 2.0, "rg_report took %.1f s with etcd stopped", took);
+    TEST_WAIT_UNTIL(value_has(pkey, "\"step\":1"), 15000, "the progress record never landed");
+    rg_train_finalize(ctx);
+}
+END_TEST
+
 /* An agent's own writes: a marker and the next round, once its lease is gone. */
 START_TEST(fenced_agent_writes)
 {
@@ -330,6 +366,7 @@ int main(void)
     tcase_add_test(tc, fenced_put_refused_when_stale);
     tcase_add_test(tc, fenced_checkpoint_commit);
     tcase_add_test(tc, fenced_report);
+    tcase_add_test(tc, report_never_waits_on_etcd);
     tcase_add_test(tc, fenced_agent_writes);
     tcase_add_test(tc, audit_finds_stale_write);
     suite_add_tcase(s, tc);
