@@ -243,8 +243,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
             rg_warn("abandoning the checkpoint of step %lld in flight: a peer failed",
                     (long long)ctx->save_step);
             rg_comm_destroy(ctx->comm);
-            train_progress_stop(ctx->progress);
-            rg_etcd_destroy(ctx->etcd);
+            rg_etcd_destroy(ctx->etcd);   /* (the progress thread, with its own, is left too) */
             rg_beat_worker_stop(ctx->beat);
             return;
         }
