@@ -15,6 +15,7 @@
  */
 #include "train_internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,8 +92,12 @@ rg_status_t train_progress_start(const rg_etcd_params_t *params, train_progress_
         free(p);
         return st;
     }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);   /* the clock of rg_deadline_t */
     pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->cond, NULL);
+    pthread_cond_init(&p->cond, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = pthread_create(&p->thread, NULL, progress_main, p);
     if (rc != 0) {
         pthread_cond_destroy(&p->cond);
@@ -128,24 +133,18 @@ rg_status_t train_progress_wait(train_progress_t *p)
 {
     /* The write is bounded by the client's timeout; twice that, and a second, bounds the
      * wait for the thread to get to it (a write of an earlier record before it). */
-    rg_deadline_t deadline = rg_deadline_in_ms(2 * p->timeout_ms + 1000);
-    struct timespec ts;
+    int64_t ms = 2 * p->timeout_ms + 1000;
+    rg_deadline_t deadline = rg_deadline_in_ms(ms);
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                          .tv_nsec = (long)(deadline % 1000000000ull)};
     rg_status_t st = RG_OK;
     pthread_mutex_lock(&p->lock);
     uint64_t seq = p->posted;
-    while (p->written < seq) {
-        if (rg_deadline_passed(deadline)) {
+    while (p->written < seq && st == RG_OK) {
+        if (pthread_cond_timedwait(&p->cond, &p->lock, &ts) == ETIMEDOUT) {
             st = rg_error(RG_ETIMEDOUT, "the progress report was not written within %lld ms",
-                          (long long)(2 * p->timeout_ms + 1000));
-            break;
+                          (long long)ms);
         }
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000000L;   /* (a realtime wait: looked at again every 10 ms) */
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        (void)pthread_cond_timedwait(&p->cond, &p->lock, &ts);
     }
     if (st == RG_OK && p->last == RG_ELEASE) {
         st = rg_error(RG_ELEASE, "the progress report of round %d was refused: the job has "
