@@ -118,6 +118,9 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
     env_add(e, "REGROUP_JOB_ID", "%s", cfg->job);
     env_add(e, "REGROUP_ROUND", "%d", a->round);
     env_add(e, "REGROUP_NODE_ADDR", "%s", sp->local_addr);
+    /* The job's largest world (--nnodes' maximum x --nproc-per-node): what a program that
+     * keeps its global batch fixed through resizes sizes it by (regroup.train's loaders). */
+    env_add(e, "REGROUP_MAX_WORLD_SIZE", "%lld", (long long)cfg->max_nodes * cfg->nproc);
     if (sp->notice_fd >= 0) {
         env_add(e, RG_NOTICE_ENV, "%d", sp->notice_fd);
     }
