@@ -111,6 +111,53 @@ def _create(store, rank, world_size, timeout):
     return group(ctx)
 
 
+def round_store(ctx):
+    """A torch.distributed Store for init_process_group over ctx's round: the regroup backend
+    needs none (its wire-up went through etcd), but torch's init ends with a store-based
+    barrier; this store runs it as the group's own barrier (a dead peer raises, never a
+    hang), and keeps other keys in this process."""
+    import torch.distributed as dist
+
+    class RoundStore(dist.Store):
+        def __init__(self):
+            super().__init__()
+            self._d = {}
+
+        def set(self, key, value):
+            self._d[key] = value
+
+        def get(self, key):
+            if key not in self._d:
+                raise KeyError("regroup: the round's store holds no %r (the regroup backend "
+                               "keeps nothing there for other ranks)" % key)
+            return self._d[key]
+
+        def add(self, key, n):
+            if key.startswith("store_based_barrier_key"):
+                if n:
+                    ctx.barrier()
+                return ctx.world_size
+            v = int(self._d.get(key, 0)) + int(n)
+            self._d[key] = str(v).encode()
+            return v
+
+        def wait(self, keys, timeout=None):
+            missing = [k for k in keys if k not in self._d]
+            if missing:
+                raise KeyError("regroup: the round's store holds no %s" % ", ".join(missing))
+
+        def check(self, keys):
+            return all(k in self._d for k in keys)
+
+        def num_keys(self):
+            return len(self._d)
+
+        def delete_key(self, key):
+            return self._d.pop(key, None) is not None
+
+    return RoundStore()
+
+
 def register():
     """Registers the backend with torch.distributed as "regroup" (once)."""
     import torch.distributed as dist

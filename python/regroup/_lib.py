@@ -43,6 +43,11 @@ class CkptRequest(ctypes.Structure):
                 ("dst", ctypes.c_void_p), ("dst_bytes", ctypes.c_size_t)]
 
 
+class CkptTensorInfo(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_uint64 * RG_CKPT_MAX_DIMS), ("replicated", ctypes.c_bool)]
+
+
 class Metric(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_double)]
 
@@ -94,6 +99,7 @@ STRUCTS = {
     "rg_sampler_params_t": SamplerParams,
     "rg_ckpt_tensor_t": CkptTensor,
     "rg_ckpt_request_t": CkptRequest,
+    "rg_ckpt_tensor_info_t": CkptTensorInfo,
     "rg_metric_t": Metric,
     "rg_report_t": Report,
     "rg_train_state_t": TrainState,
@@ -160,6 +166,13 @@ _PROTOTYPES = {
                                 ctypes.POINTER(CommOpts)]),
     "rg_comm_allgather": (_st, [_P, _P, _P, ctypes.c_size_t, ctypes.c_int,
                                 ctypes.POINTER(CommOpts)]),
+    # ckpt.h: reading a committed checkpoint (this process alone)
+    "rg_ckpt_list": (_st, [ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+                           ctypes.POINTER(ctypes.c_size_t)]),
+    "rg_ckpt_reader_open": (_st, [ctypes.c_char_p, ctypes.c_int64, c_void_pp]),
+    "rg_ckpt_reader_close": (None, [_P]),
+    "rg_ckpt_reader_info": (_st, [_P, ctypes.c_char_p, ctypes.POINTER(CkptTensorInfo)]),
+    "rg_ckpt_reader_read": (_st, [_P, ctypes.POINTER(CkptRequest)]),
     # data.h
     "rg_data_cursor_start": (DataCursor, [ctypes.c_uint64]),
     "rg_sampler_create": (_st, [ctypes.POINTER(SamplerParams), c_void_pp]),

@@ -1,0 +1,407 @@
+"""A worker's training session: its context, the model, optimizer and loader it prepared, the
+steps its state holds, and recovery in place below the user's loop.
+
+The step boundary is the prepared optimizer's step(). There, the gradients of every prepared
+parameter (DDP's reducer, over a group of one rank, leaves them local) are scaled by this
+rank's share of the global batch and summed over the group in one allreduce; the buffers
+go from rank 0. If that fails (a peer died: PeerError; a silent one: ETIMEDOUT), the step is
+discarded on this rank (the optimizer does not step, the data position stays) and the
+worker regroups in place: ctx.regroup() agrees on the newest state among the members (a
+rank that finished the step holds it: its allreduce had every rank's gradient) and sends
+the parameters and buffers to the members at another step; the optimizer's state and the
+loader's position follow from the same source; the loader then hands out the batch of the
+step agreed on, at the new rank and world size, so the global batch that broke is replayed.
+Otherwise the optimizer steps and ctx.report() marks the boundary, where planned changes
+(a ready replacement, a joining node, a preemption) arrive at the same step on every rank.
+
+A replacement (ctx.joining) regroups at get_checkpoint(), or at its loader's first batch:
+it receives the state from a survivor, and get_checkpoint() gives it the checkpoint the
+survivors last reported, so that the loop it runs from the top resumes where theirs is.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+from .. import _c10d
+from .. import _status
+from .._train import Cursor, init
+from . import _ckpt
+
+_session = None
+_REGROUP_ATTEMPTS = 8  # regroups in a row that may break off before the worker gives up
+
+
+class Leave(BaseException):
+    """Raised through the user's loop when this worker's node leaves (a preemption notice):
+    its last checkpoint is taken; the worker exits 0. A BaseException, so that a loop's
+    `except Exception` does not keep it."""
+
+
+def get():
+    if _session is None:
+        raise RuntimeError("regroup.train: no training session: call this from a training "
+                           "function that TorchTrainer.fit() runs (directly, or under the "
+                           "regroup launcher)")
+    return _session
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _regroup_failure(e):
+    """Whether an error means the group is broken (regroup in place)."""
+    return isinstance(e, _status.PeerError) or (isinstance(e, _status.Error) and
+                                                e.status == "ETIMEDOUT")
+
+
+class Session:
+    def __init__(self, run_dir):
+        global _session
+        self.run_dir = run_dir
+        self.ctx = init(in_place=True)
+        self.in_place = self.ctx.in_place
+        self.done = 0                 # the steps the state holds
+        self.cursor = None            # the data position after them (a Cursor)
+        self.model = None             # the DDP model
+        self.module = None
+        self.optimizer = None         # the prepared optimizer (its inner one)
+        self.loader = None
+        self.last_checkpoint = None   # the last reported Checkpoint (its dict)
+        self.received_checkpoint = None  # a replacement's: what the survivors last reported
+        self.resync = None            # a replacement's received state, to put back after load
+        self.joined = not self.ctx.joining
+        self.pending_extra = None     # a position read before the loader was prepared
+        self.node = socket.gethostname()
+        _c10d.set_context(self.ctx)
+        _session = self
+        if self.joined:
+            self._default_group()
+
+    # ---- the default process group ----------------------------------------------------
+
+    def _default_group(self):
+        import torch.distributed as dist
+        _c10d.register()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(_c10d.NAME, store=_c10d.round_store(self.ctx),
+                                rank=self.ctx.rank,
+                                world_size=self.ctx.world_size)
+
+    def close(self):
+        global _session
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.ctx.close()
+        _session = None
+
+    # ---- what the user prepared --------------------------------------------------------
+
+    def state_tensors(self):
+        """The replicated state ctx.regroup moves: every parameter and buffer (as bytes where
+        the library has not their dtype)."""
+        torch = _torch()
+        out = []
+        if self.module is None:
+            return out
+        for t in list(self.module.parameters()) + list(self.module.buffers()):
+            d = t.data
+            if d.numel() == 0:
+                continue
+            if str(d.dtype).replace("torch.", "") not in _ckpt._NATIVE:
+                d = d.view(-1).view(torch.uint8)
+            out.append(d)
+        return out
+
+    def start_cursor(self, cursor):
+        if self.cursor is None:
+            self.cursor = cursor
+
+    # ---- the step boundary -------------------------------------------------------------
+
+    def reduce(self, params):
+        """Sums every parameter's gradient, scaled by this rank's share of the global batch,
+        over the group, and takes rank 0's buffers. False when the group broke (the step is
+        discarded; the worker has regrouped)."""
+        torch = _torch()
+        if not self.joined:
+            self.join()
+        scale = 1.0 / self.ctx.world_size
+        if self.loader is not None and self.loader.global_count > 0:
+            scale = self.loader.local_count / self.loader.global_count
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        try:
+            if self.ctx.world_size > 1 or scale != 1.0:
+                by_dtype = {}
+                for i, g in enumerate(grads):
+                    by_dtype.setdefault(g.dtype, []).append(i)
+                for dtype, idx in by_dtype.items():
+                    flat = torch.cat([grads[i].reshape(-1) for i in idx])
+                    flat.mul_(scale)
+                    self.ctx.allreduce(flat)
+                    off = 0
+                    for i in idx:
+                        n = grads[i].numel()
+                        g = flat[off:off + n].view_as(grads[i])
+                        if params[i].grad is None:
+                            params[i].grad = g.clone()
+                        else:
+                            params[i].grad.copy_(g)
+                        off += n
+            if self.ctx.world_size > 1 and self.module is not None:
+                for b in self.module.buffers():
+                    if b.numel() > 0 and str(b.dtype).replace("torch.", "") in _ckpt._NATIVE:
+                        self.ctx.broadcast(b.data, root=0)
+        except _status.Error as e:
+            if not (self.in_place and _regroup_failure(e)):
+                raise
+            self.regroup(e)
+            return False
+        return True
+
+    def commit(self):
+        """The step counted: its data position is the loader's; then the step boundary."""
+        self.done += 1
+        if self.loader is not None:
+            self.cursor = self.loader.sampler.cursor
+        self.boundary()
+
+    def boundary(self, checkpoint=None, metrics=None, user=False):
+        """ctx.report at the steps done: the progress, a checkpoint when given, and the
+        notices. In place, a broken group regroups here (never reporting again: a rank whose
+        report got through has gone on, and every rank meets the next step's collectives
+        in the new group); a planned change regroups at a step boundary (the optimizer's
+        step), also when it was first seen in the user's report() (the notice stays until
+        the job regrouped), so that a replacement always joins at the same kind of point.
+        A preemption takes the last checkpoint on every rank; the leaving node's workers
+        exit."""
+        state = self._checkpoint_state(checkpoint) if checkpoint is not None else None
+        try:
+            self.ctx.report(self.done, metrics=metrics, state=state, cursor=self.cursor,
+                            epoch=self._epoch())
+        except _status.MembershipChanged as e:
+            n = e.notice
+            if n.preempt:
+                self._leave(checkpoint, leaving=n.leaving or not self.in_place)
+            elif not self.in_place:
+                raise
+            if n.preempt or not user:
+                self.regroup(e)
+        except _status.Error as e:
+            if not (self.in_place and _regroup_failure(e)):
+                raise
+            self.regroup(e)
+
+    def _epoch(self):
+        return self.loader.epoch if self.loader is not None else 0
+
+    def _leave(self, checkpoint, leaving):
+        """A node leaves: every rank takes the last checkpoint at the steps done (collective);
+        the leaving node's workers then exit 0 (Leave), the others regroup without it."""
+        ck = checkpoint if checkpoint is not None else self.last_checkpoint
+        state = self._checkpoint_state(ck) if ck is not None and checkpoint is None else None
+        try:
+            ok = self.ctx.leave(self.done, state=state, cursor=self.cursor)
+        except _status.Error as e:
+            ok = False
+            print("regroup.train: rank %d: the last checkpoint before a node leaves failed: %s"
+                  % (self.ctx.rank, e), file=sys.stderr)
+        if self.ctx.rank == 0:
+            print("regroup.train: a node leaves at step %d (%s)" % (
+                self.done, "last checkpoint committed" if ok else "no last checkpoint"),
+                file=sys.stderr)
+        if leaving:
+            raise Leave()
+
+    # ---- checkpoints -------------------------------------------------------------------
+
+    def _checkpoint_state(self, checkpoint):
+        torch = _torch()
+        skeleton, tensors = _ckpt.flatten(checkpoint.to_dict())
+        meta = _ckpt.meta_bytes(skeleton, {
+            "loader_epoch": self._epoch(), "step": self.done,
+            "cursor": tuple(self.cursor) if self.cursor is not None else None})
+        if self.ctx.world_size > 1:  # rank 0's values: every rank saves a share of them
+            n = torch.tensor([len(meta)], dtype=torch.int64)
+            self.ctx.broadcast(n, root=0)
+            buf = torch.zeros(int(n.item()), dtype=torch.uint8)
+            if self.ctx.rank == 0:
+                buf.copy_(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
+            self.ctx.broadcast(buf, root=0)
+            meta = buf.numpy().tobytes()
+        return _ckpt.state(meta, tensors)
+
+    def report(self, metrics, checkpoint):
+        if not self.joined:
+            self.join()
+        metrics = dict(metrics or {})
+        numeric = {}
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                    len(numeric) < 32 and _metric_name(k):
+                numeric[k] = float(v)
+        self.boundary(checkpoint=checkpoint, metrics=numeric, user=True)
+        if checkpoint is not None:
+            self.last_checkpoint = checkpoint
+        if self.ctx.rank == 0 and self.run_dir:
+            rec = {"metrics": metrics, "step": self.done, "epoch": self._epoch(),
+                   "world_size": self.ctx.world_size, "round": self.ctx.round,
+                   "time": time.time(), "checkpoint": checkpoint is not None}
+            os.makedirs(self.run_dir, exist_ok=True)
+            with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
+
+    def get_checkpoint(self):
+        """In place, a replacement regroups here: the checkpoint the survivors last reported
+        (with their live values). Otherwise the newest committed checkpoint (None: none),
+        the same step on every rank; its data position goes to the prepared loader."""
+        if not self.joined:
+            self.join()
+            return self.received_checkpoint
+        root = self.ctx.ckpt_dir
+        step = self.ctx.latest_checkpoint() if root else None
+        if step is None:
+            return None
+        steps = [s for s in _ckpt.committed(root) if s <= step] or [step]
+        got = None
+        for s in steps:   # the newest this rank reads; then the newest every rank read
+            try:
+                got = (s,) + _ckpt.read(root, s)
+                break
+            except _status.Error as e:
+                print("regroup.train: rank %d: checkpoint step %d unreadable: %s" % (
+                    self.ctx.rank, s, e), file=sys.stderr)
+        torch = _torch()
+        agreed = torch.tensor([got[0] if got else -1], dtype=torch.int64)
+        if self.ctx.world_size > 1:
+            self.ctx.allreduce(agreed, op="min")
+        a = int(agreed.item())
+        if a < 0:
+            raise RuntimeError("regroup.train: no rank could read a checkpoint of %s (newest "
+                               "committed: step %d)" % (root, step))
+        if got[0] != a:
+            got = (a,) + _ckpt.read(root, a)
+        s, data, extra = got
+        self.done = int(extra.get("step", s))
+        self._restore_position(extra)
+        return _ckpt.Checkpoint(data=data, path=_ckpt.step_dir(root, s), step=s, root=root)
+
+    def _restore_position(self, extra):
+        """A checkpoint's data position: the cursor after its steps, the loader's epoch."""
+        if extra.get("cursor") is not None:
+            self.cursor = Cursor(*extra["cursor"])
+        self.pending_extra = extra
+        if self.loader is not None:
+            self.loader.restore(extra, self.cursor)
+
+    # ---- in place ----------------------------------------------------------------------
+
+    def join(self):
+        """A replacement's first regroup (before any collective)."""
+        self.regroup(None)
+
+    def regroup(self, why):
+        """Regroups in place: the state, the optimizer's and the loader's position from the
+        newest member. A member that took the parameters but not the rest cannot go on with a
+        mixed state: it fails (its agent counts a failure and starts a replacement)."""
+        if not self.in_place:
+            raise why
+        for attempt in range(_REGROUP_ATTEMPTS):
+            r = self.ctx.regroup(self.done if self.joined else 0, self.state_tensors(),
+                                 self.cursor)
+            try:
+                self._after_regroup(r)
+            except _status.Error as e:
+                if r.received or not _regroup_failure(e):
+                    raise RuntimeError("regroup.train: rank %d took the parameters of step "
+                                       "%d but not the optimizer's state: %s" % (
+                                           r.rank, r.step, e)) from e
+                continue
+            if r.rank == 0:
+                print("regroup.train: regrouped at step %d: world size %d, round %d%s" % (
+                    r.step, r.world_size, r.round,
+                    "" if why is None else " (%s)" % type(why).__name__), file=sys.stderr)
+            return r
+        raise RuntimeError("regroup.train: %d regroups in a row broke off" % _REGROUP_ATTEMPTS)
+
+    def _after_regroup(self, r):
+        torch = _torch()
+        flag = torch.tensor([1 if r.received else 0], dtype=torch.int64)
+        if r.world_size > 1:
+            self.ctx.allreduce(flag, op="max")
+        if flag.item():
+            n = torch.zeros(1, dtype=torch.int64)
+            blob = None
+            if r.rank == r.source:
+                ck = None
+                if self.last_checkpoint is not None:
+                    ck = self.last_checkpoint.to_dict()
+                blob = _ckpt.dumps({
+                    "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                    "checkpoint": ck, "loader_epoch": self._epoch()})
+                n[0] = len(blob)
+            self.ctx.broadcast(n, root=r.source)
+            buf = torch.zeros(int(n.item()), dtype=torch.uint8)
+            if blob is not None:
+                buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            self.ctx.broadcast(buf, root=r.source)
+            if r.received:
+                got = _ckpt.loads(buf.numpy().tobytes())
+                if self.optimizer is not None and got["optimizer"] is not None:
+                    self.optimizer.load_state_dict(got["optimizer"])
+                if self.loader is not None:
+                    self.loader.epoch = got["loader_epoch"]
+                else:
+                    self.pending_extra = {"loader_epoch": got["loader_epoch"]}
+                if got["checkpoint"] is not None:
+                    self.received_checkpoint = _ckpt.Checkpoint(data=got["checkpoint"],
+                                                                step=r.step)
+                    self.last_checkpoint = self.received_checkpoint
+                if not self.joined:  # what the user's load of that checkpoint must not undo
+                    self.resync = ([t.clone() for t in self.state_tensors()],
+                                   got["optimizer"])
+        self.done = r.step
+        self.cursor = r.cursor
+        if self.loader is not None:
+            self.loader.sampler.reshard(r.rank, r.world_size, r.cursor)
+        self.joined = True
+        self._default_group()
+
+    def before_iter(self):
+        """At a loader's iteration: a replacement joins now if it has not; the state it
+        received is put back over whatever the program loaded since."""
+        if not self.joined:
+            self.join()
+        if self.resync is not None:
+            tensors, opt = self.resync
+            self.resync = None
+            for mine, got in zip(self.state_tensors(), tensors):
+                mine.copy_(got)
+            if self.optimizer is not None and opt is not None:
+                self.optimizer.load_state_dict(opt)
+
+
+def _metric_name(k):
+    return isinstance(k, str) and 0 < len(k) <= 64 and all(
+        c.isalnum() or c in "_.-" for c in k)
+
+
+def write_error(run_dir, rank, node):
+    """The failing worker's traceback, for the TrainingFailedError of fit()."""
+    if not run_dir:
+        return
+    d = os.path.join(run_dir, "errors")
+    os.makedirs(d, exist_ok=True)
+    rec = {"rank": rank, "node": node, "pid": os.getpid(), "time": time.time(),
+           "traceback": traceback.format_exc()}
+    path = os.path.join(d, "rank-%d-%d.json" % (rank, os.getpid()))
+    with open(path + ".tmp", "w") as f:
+        json.dump(rec, f)
+    os.rename(path + ".tmp", path)

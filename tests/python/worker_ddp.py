@@ -1,0 +1,142 @@
+"""A TorchTrainer program for the tests: DDP on a synthetic data set, whose model also counts,
+in a float64 parameter trained by SGD, how often each sample's gradient went into a step the
+job kept: every count must end at exactly the number of epochs (each sample used once per
+epoch, whatever failed). The training function has no recovery code.
+
+    worker_ddp.py --storage DIR --name NAME [--workers N] [--epochs E] [--kill-at STEP
+        --kill-rank R] [--raise-at STEP --raise-rank R] [--recovery in-place|restart]
+        [--max-failures K] [--bad-config] [--on-cuda]
+
+The driver prints "result metrics=<json> checkpoint_step=<n> counts_ok=<bool>"; each worker
+prints "worker pid=<pid> rank=<r>" when it starts and "worker done pid=<pid> rank=<r> world=<w>"
+when its loop ends."""
+import argparse
+import json
+import os
+import signal
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from regroup import train
+from regroup.train.torch import prepare_data_loader, prepare_model, prepare_optimizer
+
+N, B, D, K = 512, 32, 8, 4
+
+
+class Data(Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(7)
+        self.x = torch.randn(N, D, generator=g)
+        w = torch.randn(D, K, generator=g)
+        self.y = (self.x @ w).argmax(1)
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i], i
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(D, K)
+        self.counts = torch.nn.Parameter(torch.zeros(N, dtype=torch.float64))
+
+    def forward(self, x, ids):
+        # The counts' part of the loss is zero in value; its gradient is -1/n per sample.
+        c = self.counts[ids]
+        return self.fc(x), (c - c.detach()).sum()
+
+
+def train_func(config):
+    ctx = train.get_context()
+    print("worker pid=%d rank=%d" % (os.getpid(), ctx.get_world_rank()), flush=True)
+    torch.manual_seed(1)
+    model = prepare_model(Net())
+    opt = prepare_optimizer(torch.optim.SGD([
+        {"params": [model.module.fc.weight, model.module.fc.bias], "lr": 0.1},
+        {"params": [model.module.counts], "lr": float(B)}]))
+    loader = prepare_data_loader(DataLoader(Data(), batch_size=B // config["workers"]),
+                                 global_batch_size=B)
+    start = 0
+    ck = train.get_checkpoint()
+    if ck:
+        d = ck.to_dict()
+        model.module.load_state_dict(d["model"])
+        opt.load_state_dict(d["opt"])
+        start = d["epoch"] + 1
+        print("worker rank=%d resumed from epoch %d" % (ctx.get_world_rank(), d["epoch"]),
+              flush=True)
+    steps = 0
+    for epoch in range(start, config["epochs"]):
+        for x, y, ids in loader:
+            opt.zero_grad()
+            logits, cnt = model(x, ids)
+            # mean over this rank's batch, as DDP programs write it
+            loss = F.cross_entropy(logits, y) - cnt / len(ids)
+            loss.backward()
+            opt.step()
+            steps += 1
+            first = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and \
+                ctx.get_round() == 0
+            if first and steps == config["kill_at"] and ctx.get_world_rank() == config["kill_rank"]:
+                print("rank %d: killing myself at step %d" % (ctx.get_world_rank(), steps),
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if first and steps == config["raise_at"] and \
+                    ctx.get_world_rank() == config["raise_rank"]:
+                raise ValueError("boom at step %d" % steps)
+        train.report({"epoch": epoch, "loss": float(loss), "world_size": ctx.get_world_size()},
+                     checkpoint=train.Checkpoint.from_dict({
+                         "model": model.module.state_dict(), "opt": opt.state_dict(),
+                         "epoch": epoch}))
+    print("worker done pid=%d rank=%d world=%d" % (os.getpid(), ctx.get_world_rank(),
+                                                    ctx.get_world_size()), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--storage", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--kill-at", type=int, default=-1)
+    ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--raise-at", type=int, default=-1)
+    ap.add_argument("--raise-rank", type=int, default=1)
+    ap.add_argument("--recovery", default="in-place")
+    ap.add_argument("--max-failures", type=int, default=0)
+    ap.add_argument("--bad-config", action="store_true")
+    a = ap.parse_args()
+    config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
+              "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers}
+    if a.bad_config:
+        config["lock"] = __import__("threading").Lock()
+    trainer = train.TorchTrainer(
+        train_func, train_loop_config=config,
+        scaling_config=train.ScalingConfig(num_workers=a.workers),
+        run_config=train.RunConfig(name=a.name, storage_path=a.storage,
+                                   failure_config=train.FailureConfig(
+                                       max_failures=a.max_failures, recovery=a.recovery)))
+    try:
+        result = trainer.fit()
+    except train.TrainingFailedError as e:
+        print("failed rank=%s node=%s" % (e.rank, e.node))
+        print("traceback_has_boom=%s" % ("ValueError: boom" in (e.traceback or "")))
+        return 3
+    counts = result.checkpoint.to_dict()["model"]["counts"]
+    ok = bool((counts == a.epochs).all())
+    print("result metrics=%s checkpoint_step=%d counts_ok=%s" % (
+        json.dumps(result.metrics), result.checkpoint.step, ok))
+    if not ok:
+        bad = (counts != a.epochs).nonzero().view(-1)[:10].tolist()
+        print("bad counts at %s: %s" % (bad, counts[bad].tolist()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
