@@ -69,8 +69,8 @@ def train_func(config):
         model.module.load_state_dict(d["model"])
         opt.load_state_dict(d["opt"])
         start = d["epoch"] + 1
-        print("worker rank=%d resumed from epoch %d" % (ctx.get_world_rank(), d["epoch"]),
-              flush=True)
+        print("worker rank=%d resumed from epoch %d (path=%s)" % (
+            ctx.get_world_rank(), d["epoch"], ck.path), flush=True)
     steps = 0
     for epoch in range(start, config["epochs"]):
         for x, y, ids in loader:

@@ -1,0 +1,156 @@
+"""regroup.train (TorchTrainer, DDP over the regroup backend, recovery in place below the
+user's loop) in real jobs: real torch, real worker processes under the launcher with its
+private etcd, real UCX. worker_ddp.py's model counts how often each sample went into a kept
+step: every count must equal the epochs (each sample once per epoch, whatever failed)."""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+import conftest
+from conftest import PYTHON, worker_env
+
+torch = pytest.importorskip("torch")
+DDP = os.path.join(conftest.HERE, "worker_ddp.py")
+EXAMPLE = os.path.join(conftest.SRC, "examples", "python", "ddp_trainer.py")
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def fit(tmp, name, *args, timeout=240, script=DDP):
+    """Runs a TorchTrainer program as a user does (python3 script.py): (exit code, output)."""
+    cmd = [PYTHON, script, "--storage", tmp, "--name", name] + [str(a) for a in args]
+    p = subprocess.run(cmd, env=worker_env(tmp), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def pids(out, pattern):
+    """{rank: pid} of the first line of each rank matching pattern."""
+    out_ = {}
+    for m in re.finditer(pattern, out):
+        out_.setdefault(int(m.group(2)), int(m.group(1)))
+    return out_
+
+
+def assert_gone(out):
+    """Every worker the job started has exited (the launcher reaped them)."""
+    for pid in {int(p) for p in re.findall(r"worker pid=(\d+)", out)}:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # reaped processes can be reused only by new ones: check it is not a worker of ours
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            assert b"worker_ddp" not in f.read(), "worker %d is still running" % pid
+
+
+def test_fault_free(tmp):
+    rc, out = fit(tmp, "plain", "--workers", 2, "--epochs", 2)
+    assert rc == 0, out
+    assert "counts_ok=True" in out, out
+    assert "checkpoint_step=32" in out, out       # 512 samples / 32 a step x 2 epochs
+    assert "regrouped" not in out, out
+
+
+def test_in_place_kill_keeps_survivors(tmp):
+    """4 workers, rank 2 SIGKILLed mid-epoch (step 20: epoch 1's 4th): the survivors keep
+    their processes (pids unchanged), regroup at world 3 from memory (no checkpoint read),
+    the replacement joins with the survivors' state; every sample of every epoch once."""
+    rc, out = fit(tmp, "kill", "--workers", 4, "--epochs", 30, "--kill-at", 20,
+                  "--kill-rank", 2, "--max-failures", 2)
+    assert rc == 0, out
+    assert "rank 2: killing myself at step 20" in out, out
+    assert "counts_ok=True" in out, out
+    assert re.search(r"regrouped at step 20: world size 3, round 1 \(PeerError\)", out), out
+    assert re.search(r"regrouped at step \d+: world size 4, round 2 \(MembershipChanged\)",
+                     out), out
+    started = pids(out, r"worker pid=(\d+) rank=(\d+)")
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=4")
+    for r in (0, 1, 3):
+        assert done[r] == started[r], (r, out)    # the same process from start to end
+    assert done[2] != started[2], out              # the replacement
+    # Only the replacement resumed, from what the survivors hold, not from a file.
+    resumed = re.findall(r"worker rank=(\d+) resumed from epoch \d+ \(path=(\S+)\)", out)
+    assert resumed == [("2", "None")], out
+    assert "restart" not in out.replace("max_restarts", ""), out
+    assert_gone(out)
+
+
+def test_restart_mode_same_script(tmp):
+    """The same script with FailureConfig(recovery="restart"): every worker restarts from
+    the last committed checkpoint (on disk) and the counts are still exact."""
+    rc, out = fit(tmp, "restart", "--workers", 2, "--epochs", 4, "--kill-at", 40,
+                  "--kill-rank", 1, "--recovery", "restart", "--max-failures", 1)
+    assert rc == 0, out
+    assert "counts_ok=True" in out, out
+    resumed = re.findall(r"worker rank=(\d+) resumed from epoch (\d+) \(path=(\S+)\)", out)
+    assert sorted(r for r, _, _ in resumed) == ["0", "1"], out
+    assert all(p.endswith("step-%d" % (16 * (int(e) + 1))) for _, e, p in resumed), out
+
+
+def test_train_func_raising(tmp):
+    """A training function that raises on rank 1: fit() raises TrainingFailedError naming
+    rank 1 and its node, with the worker's traceback; every worker stops."""
+    rc, out = fit(tmp, "raise", "--workers", 3, "--epochs", 3, "--raise-at", 5,
+                  "--raise-rank", 1)
+    assert rc == 3, out
+    assert "failed rank=1 node=" in out, out
+    assert "traceback_has_boom=True" in out, out
+    assert_gone(out)
+
+
+def run_snippet(tmp, code):
+    p = subprocess.run([PYTHON, "-c", code], env=worker_env(tmp), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def test_bad_input_said_at_once(tmp):
+    rc, out = run_snippet(tmp, "from regroup import train\ntrain.ScalingConfig(num_workers=0)")
+    assert rc != 0 and "ValueError" in out and "at least one worker" in out, out
+    rc, out = run_snippet(tmp, "from regroup import train\ntrain.FailureConfig(recovery='x')")
+    assert rc != 0 and "recovery='x'" in out, out
+    rc, out = run_snippet(tmp, "from regroup import train\n"
+                               "train.ScalingConfig(num_workers=1, use_gpu=True)\n"
+                               "train.TorchTrainer(print, scaling_config=train.ScalingConfig("
+                               "use_gpu=True)).fit()")
+    assert rc != 0 and "use_gpu=True" in out and "no CUDA" in out, out
+    # A config that cannot be pickled is refused in the driver, before any worker starts.
+    rc, out = fit(tmp, "badcfg", "--workers", 2, "--bad-config")
+    assert rc != 0 and "train_loop_config cannot be pickled" in out, out
+    assert "worker pid=" not in out, out
+
+
+def test_model_on_a_device_the_build_cannot_serve(tmp):
+    script = os.path.join(tmp, "meta.py")
+    with open(script, "w") as f:
+        f.write("import torch\nfrom regroup import train\n"
+                "from regroup.train.torch import prepare_model\n"
+                "def f():\n    prepare_model(torch.nn.Linear(2, 2, device='meta'))\n"
+                "try:\n    train.TorchTrainer(f, scaling_config=train.ScalingConfig(2),"
+                " run_config=train.RunConfig(storage_path=%r)).fit()\n"
+                "except train.TrainingFailedError as e:\n    print('failed:', e)\n" % tmp)
+    p = subprocess.run([PYTHON, script], env=worker_env(tmp), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    out = p.stdout.decode(errors="replace")
+    assert "failed: regroup.train: the training function failed on rank" in out, out
+    assert "is on meta: this build serves CPU tensors only" in out, out
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
+def test_example_accuracy_after_a_kill(tmp):
+    """examples/python/ddp_trainer.py, 4 workers, one epoch: a worker SIGKILLed mid-epoch
+    costs no accuracy (within 0.01 of the fault-free run)."""
+    args = ["--workers", 4, "--epochs", 1, "--train-samples", 20000]
+    rc, plain = fit(tmp, "fm0", *args, script=EXAMPLE)
+    assert rc == 0, plain
+    rc, killed = fit(tmp, "fm1", *(args + ["--kill-at", 100, "--kill-rank", 2]),
+                     script=EXAMPLE)
+    assert rc == 0, killed
+    assert "regrouped at step 100: world size 3" in killed, killed
+    acc = [float(re.search(r"test_accuracy=([0-9.]+)", o).group(1)) for o in (plain, killed)]
+    assert acc[0] > 0.7, plain
+    assert abs(acc[0] - acc[1]) <= 0.01, (plain, killed)
