@@ -75,13 +75,18 @@ def main():
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300, help="the process group's, seconds")
+    ap.add_argument("--backend", choices=["gloo", "regroup"], default="gloo",
+                    help="torch.distributed's backend: regroup is regroup.distributed's, over "
+                         "libregroup's UCX group, under the regroup launcher")
     a = ap.parse_args()
     if not a.ckpt_dir:
         ap.error("--ckpt-dir (or $RG_BENCH_CKPT_DIR) is required")
     torch.set_num_threads(1)   # one core per worker, as the example
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    dist.init_process_group("gloo", init_method="env://",
+    if a.backend == "regroup":
+        import regroup.distributed  # noqa: F401 (registers the backend)
+    dist.init_process_group(a.backend, init_method="env://",
                             timeout=datetime.timedelta(seconds=a.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if a.batch % world:

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ def train_func(config):
         opt.load_state_dict(d["optimizer"])
         start = d["epoch"] + 1
     steps = 0
+    t0, trained = time.monotonic(), 0
     for epoch in range(start, config["epochs"]):
         for xb, yb in loader:
             opt.zero_grad()
@@ -61,6 +63,7 @@ def train_func(config):
             loss.backward()
             opt.step()
             steps += 1
+            trained += loader.global_count
             if steps == config["kill_at"] and ctx.get_world_rank() == config["kill_rank"] and \
                     ctx.get_round() == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
                 print("rank %d: killing myself at step %d" % (ctx.get_world_rank(), steps),
@@ -69,7 +72,8 @@ def train_func(config):
         with torch.no_grad():
             acc = (model.module(tx.float() / 255.0).argmax(1) == ty).float().mean().item()
         train.report({"epoch": epoch, "loss": loss.item(), "test_accuracy": acc,
-                      "world_size": ctx.get_world_size()},
+                      "world_size": ctx.get_world_size(),
+                      "samples_per_s": trained / (time.monotonic() - t0)},
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "optimizer": opt.state_dict(),
                          "epoch": epoch}))
@@ -105,6 +109,7 @@ def main():
         print(e, file=sys.stderr)
         return 1
     print("epochs=%d checkpoint=%s" % (len(result.metrics_history), result.checkpoint.path))
+    print("samples_per_s=%.0f" % result.metrics["samples_per_s"])
     print("test_accuracy=%.4f" % result.metrics["test_accuracy"])
     return 0 if math.isfinite(result.metrics["loss"]) else 1
 
