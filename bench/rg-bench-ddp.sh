@@ -131,7 +131,12 @@ for (side, kind, r) in wall:
         regrouped = "regrouped at step %d: world size %d" % (kill_at, n - 1) in log
         if (kind == "kill") != regrouped:
             fail("a kill run regroups in place at the kill's step; a fault-free one never")
-    res[side, kind, r] = {"acc": float(acc[0]), "sps": float(sps[0])}
+    # the survivors' regroup after the kill, as rank 0 times it (from the failed collective
+    # to the new group holding the state)
+    pause = re.findall(r"regrouped at step %d: world size %d, round \d+ \(PeerError\) in "
+                       r"([0-9.]+) s" % (kill_at, n - 1), log)
+    res[side, kind, r] = {"acc": float(acc[0]), "sps": float(sps[0]),
+                          "pause": float(pause[0]) if pause else None}
 meta = {"bench": "ddp", "ranks": n, "kill_at": kill_at, "kill_rank": kill_rank, "reps": reps,
         "commit": commit, "build": btype, "load_start": load0, "load_end": load1}
 def series(side, metric):
@@ -156,6 +161,10 @@ for metric, sides in (("samples_per_s", ("gloo", "regroup", "trainer")),
                                           "max": round(max(ratios), 3), "pairs": len(ratios)}
                                          if ratios else None)
     print(json.dumps(line))
+pauses = [res["trainer", "kill", r]["pause"] for r in range(reps)]
+if None not in pauses:
+    print(json.dumps(dict(meta, metric="trainer_regroup_pause_s", trainer=pauses,
+                          trainer_median=round(statistics.median(pauses), 3))))
 print(json.dumps(dict(meta, metric="checks", floor=floor, test_accuracy={
     "%s.%s" % (s, k): [res[s, k, r]["acc"] for r in range(reps)]
     for (s, k) in sorted({(s, k) for (s, k, _) in res})})))

@@ -11,6 +11,7 @@ pkgs=(build-essential cmake pkg-config clang
       libopenblas-dev dataset-fashion-mnist
       iproute2 openssl procps
       python3-numpy python3-pytest python3-torch python3-venv python3-pip python3-setuptools
+      libtorch-dev python3-dev pybind11-dev
       slurmctld slurmd slurm-client munge)
 if [[ "${1:-}" == "--bench" ]]; then
     pkgs+=(openmpi-bin libopenmpi-dev)

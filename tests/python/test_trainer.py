@@ -4,6 +4,7 @@ private etcd, real UCX. worker_ddp.py's model counts how often each sample went 
 step: every count must equal the epochs (each sample once per epoch, whatever failed)."""
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -154,3 +155,46 @@ def test_example_accuracy_after_a_kill(tmp):
     acc = [float(re.search(r"test_accuracy=([0-9.]+)", o).group(1)) for o in (plain, killed)]
     assert acc[0] > 0.7, plain
     assert abs(acc[0] - acc[1]) <= 0.01, (plain, killed)
+
+
+def children(pid):
+    out = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def test_preemption_loses_no_step(tmp):
+    """SIGTERM to the launcher fit() started (what a preemption notice does): every worker
+    takes the last checkpoint at the step it reached (mid-epoch, not the last epoch's end)
+    and exits; the same program run again resumes from that step and every count is still
+    exact: no step lost, none done twice."""
+    cmd = [PYTHON, DDP, "--storage", tmp, "--name", "pre", "--workers", 2, "--epochs", 40]
+    p = subprocess.Popen([str(c) for c in cmd], env=worker_env(tmp), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    try:
+        metrics = os.path.join(tmp, "pre", "metrics.jsonl")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:   # a few epochs reported
+            if os.path.exists(metrics) and len(open(metrics).readlines()) >= 3:
+                break
+            time.sleep(0.05)
+        assert p.poll() is None, p.stdout.read().decode(errors="replace")
+        launcher = [c for c in children(p.pid)]
+        assert len(launcher) == 1, launcher
+        os.kill(launcher[0], signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = out.decode(errors="replace")
+    m = re.search(r"a node leaves at step (\d+) \(last checkpoint committed\)", out)
+    assert m, out
+    step = int(m.group(1))
+    assert os.path.isdir(os.path.join(tmp, "pre", "checkpoints", "step-%d" % step)), out
+    rc, out2 = fit(tmp, "pre", "--workers", 2, "--epochs", 40)
+    assert rc == 0, out2
+    assert "counts_ok=True" in out2, out2
+    assert "checkpoint_step=640" in out2, out2

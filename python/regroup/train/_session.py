@@ -313,6 +313,7 @@ class Session:
         mixed state: it fails (its agent counts a failure and starts a replacement)."""
         if not self.in_place:
             raise why
+        t0 = time.monotonic()
         for attempt in range(_REGROUP_ATTEMPTS):
             r = self.ctx.regroup(self.done if self.joined else 0, self.state_tensors(),
                                  self.cursor)
@@ -325,9 +326,10 @@ class Session:
                                            r.rank, r.step, e)) from e
                 continue
             if r.rank == 0:
-                print("regroup.train: regrouped at step %d: world size %d, round %d%s" % (
-                    r.step, r.world_size, r.round,
-                    "" if why is None else " (%s)" % type(why).__name__), file=sys.stderr)
+                print("regroup.train: regrouped at step %d: world size %d, round %d%s in "
+                      "%.3f s" % (r.step, r.world_size, r.round,
+                                  "" if why is None else " (%s)" % type(why).__name__,
+                                  time.monotonic() - t0), file=sys.stderr)
             return r
         raise RuntimeError("regroup.train: %d regroups in a row broke off" % _REGROUP_ATTEMPTS)
 
