@@ -271,6 +271,30 @@ pyrun installed "$python" 10 PYTHONPATH="$pydir" -- \
     "start=0 lib=$libdir/$soname version=$version" "tiny done w0=30 world=2"
 pyrun installed-again "$python" 20 PYTHONPATH="$pydir" -- "start=10 " "tiny done w0=60 world=2"
 
+# torch.distributed's regroup backend (c10d/), where the build made it: installed in the
+# package's directory, found there, its group over the installed libregroup.so.
+if [[ -e $build/_regroup_c10d.so ]]; then
+    [[ -e $pydir/regroup/_regroup_c10d.so ]] || fail "the c10d backend is not installed"
+    step "torch.distributed's regroup backend from the installed package"
+    cat >"$tmp/pg.py" <<'PY'
+import torch, torch.distributed as dist
+import regroup.distributed
+dist.init_process_group("regroup")
+t = torch.full((3,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+print("pg rank=%d sum=%g backend=%s" % (dist.get_rank(), t[0].item(), dist.get_backend()))
+PY
+    rc=0
+    (cd "$tmp/tmp" && env PATH="$prefix/bin:$PATH" TMPDIR="$tmp/tmp" UCX_NET_DEVICES=lo \
+        PYTHONPATH="$pydir" "${py_env[@]}" timeout -k 10 180 regroup --standalone \
+        --nproc-per-node=2 --max-restarts=0 "$python" "$tmp/pg.py") >"$tmp/pg.out" 2>&1 || rc=$?
+    [[ $rc -eq 0 ]] || { cat "$tmp/pg.out"; fail "the installed backend's job exited $rc"; }
+    for r in 0 1; do
+        grep -q "pg rank=$r sum=3 backend=regroup" "$tmp/pg.out" ||
+            { cat "$tmp/pg.out"; fail "the installed backend's rank $r did not sum"; }
+    done
+fi
+
 step "Python package pip-installed into a virtual environment"
 cp -r "$src/python" "$tmp/python-src"
 timeout 120 "$python" -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 ||

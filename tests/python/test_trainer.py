@@ -198,3 +198,27 @@ def test_preemption_loses_no_step(tmp):
     assert rc == 0, out2
     assert "counts_ok=True" in out2, out2
     assert "checkpoint_step=640" in out2, out2
+
+
+PG = os.path.join(conftest.HERE, "worker_pg.py")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_backend_collectives_and_ddp(tmp, world):
+    rc, out = conftest.run_job(tmp, world, [PYTHON, PG])
+    assert rc == 0, out
+    for r in range(world):
+        assert "pg ok rank=%d world=%d" % (r, world) in out, out
+
+
+def test_backend_dead_peer_is_an_error(tmp, etcd):
+    """A rank SIGKILLed (no launcher to stop the others): the others' next all_reduce
+    raises within the group's detection time, never hangs."""
+    procs = conftest.spawn_ranks(tmp, etcd, 3, [PG, "die"], MASTER_ADDR="127.0.0.1",
+                                 MASTER_PORT=conftest.free_port())
+    res = conftest.wait_all(procs, timeout=90)
+    out = "\n".join(o for _, o in res)
+    for r in (0, 2):
+        assert res[r][0] == 0, out
+        m = re.search(r"pg peer error rank=%d after=([0-9.]+)" % r, out)
+        assert m and float(m.group(1)) < 30, out
