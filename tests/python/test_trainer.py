@@ -222,3 +222,119 @@ def test_backend_dead_peer_is_an_error(tmp, etcd):
         assert res[r][0] == 0, out
         m = re.search(r"pg peer error rank=%d after=([0-9.]+)" % r, out)
         assert m and float(m.group(1)) < 30, out
+
+
+# ---- under agents: the same TorchTrainer program as each worker, two nodes --------------
+
+AGENT_CONF = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8"
+
+
+class Node:
+    """One `regroup` agent (a node) of a job on the test's etcd, its output in a file."""
+
+    def __init__(self, tmp, etcd, name, epochs, max_restarts=0):
+        self.log_path = os.path.join(tmp, "node-%s.log" % name)
+        self.log = open(self.log_path, "wb")
+        cmd = [os.path.join(conftest.BUILD, "regroup"), "--rdzv-endpoint=" + etcd.endpoint,
+               "--rdzv-id=job", "--nnodes=1:2", "--nproc-per-node=2",
+               "--max-restarts=%d" % max_restarts, "--recovery=in-place", AGENT_CONF,
+               PYTHON, DDP, "--storage", tmp, "--name", "agents", "--workers", "4",
+               "--epochs", str(epochs)]
+        self.proc = subprocess.Popen(cmd, env=worker_env(tmp), stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+    def out(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+
+
+def wait_until(cond, seconds, what, nodes=()):
+    """Waits for cond(); fails at the deadline, or at once when a node has exited."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        for n in nodes:
+            if n.proc.poll() is not None:
+                raise AssertionError("node exited %d before: %s\n%s" % (
+                    n.proc.returncode, what, n.out()))
+        time.sleep(0.05)
+    raise AssertionError("not within %d s: %s" % (seconds, what))
+
+
+def reported(tmp, n):
+    path = os.path.join(tmp, "agents", "metrics.jsonl")
+    return os.path.exists(path) and len(open(path).readlines()) >= n
+
+
+def final_counts_ok(tmp, epochs):
+    from regroup.train import _ckpt
+    root = os.path.join(tmp, "agents", "checkpoints")
+    step = _ckpt.committed(root)[0]
+    counts = _ckpt.read(root, step)[0]["model"]["counts"]
+    return step, bool((counts == epochs).all())
+
+
+def test_node_loss_in_place_at_max_restarts_0(tmp, etcd):
+    """Two nodes x 2 workers, --max-restarts=0; node b's agent SIGKILLed while the job
+    trains: after the lease TTL node a's workers regroup in their own processes at world 2
+    and finish; every sample of every epoch once."""
+    epochs = 120
+    a = Node(tmp, etcd, "a", epochs)
+    b = Node(tmp, etcd, "b", epochs)
+    try:
+        wait_until(lambda: reported(tmp, 3), 120, "the job trains", (a, b))
+        b.proc.kill()
+        assert b.wait(30) == -9
+        assert a.wait(240) == 0, a.out()
+    finally:
+        for n in (a, b):
+            if n.proc.poll() is None:
+                n.proc.kill()
+                n.wait(10)
+    out = a.out()
+    assert re.search(r"regrouped at step \d+: world size 2, round 1 \(PeerError\)", out), out
+    started = pids(out, r"worker pid=(\d+) rank=(\d+)")
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=2")
+    assert set(done) == {0, 1} and all(done[r] == started[r] for r in done), out
+    assert "resumed from" not in out, out
+    step, ok = final_counts_ok(tmp, epochs)
+    assert step == 16 * epochs and ok, (step, out)
+    assert_gone(out + b.out())
+
+
+def test_node_joins_in_place(tmp, etcd):
+    """Node a trains alone (world 2) at --nnodes=1:2; node b comes: its workers join the
+    running job in place (world 4), receive the state from node a's, and a's workers keep
+    their processes; every sample of every epoch once."""
+    epochs = 120
+    a = Node(tmp, etcd, "a", epochs)
+    b = None
+    try:
+        wait_until(lambda: reported(tmp, 3), 120, "node a trains", (a,))
+        b = Node(tmp, etcd, "b", epochs)
+        assert a.wait(240) == 0, a.out()
+        assert b.wait(60) == 0, b.out()
+    finally:
+        for n in (a, b):
+            if n is not None and n.proc.poll() is None:
+                n.proc.kill()
+                n.wait(10)
+    out, outb = a.out(), b.out()
+    assert re.search(r"regrouped at step \d+: world size 4, round \d+ \(MembershipChanged\)",
+                     out), out
+    started = pids(out, r"worker pid=(\d+) rank=(\d+)")
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=4")
+    assert set(done) == {0, 1} and all(done[r] == started[r] for r in done), out
+    assert len(re.findall(r"worker done pid=\d+ rank=\d+ world=4", outb)) == 2, outb
+    step, ok = final_counts_ok(tmp, epochs)
+    assert step == 16 * epochs and ok, (step, out, outb)

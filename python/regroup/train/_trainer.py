@@ -104,6 +104,7 @@ class TorchTrainer:
         if path:
             with open(path, "rb") as f:
                 config = pickle.load(f)
+        os.makedirs(run_dir, exist_ok=True)
         if "REGROUP_CKPT_DIR" not in os.environ:
             os.environ["REGROUP_CKPT_DIR"] = os.path.join(run_dir, "checkpoints")
         rank = int(os.environ.get("RANK", "0"))
