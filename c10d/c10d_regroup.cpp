@@ -253,29 +253,13 @@ class ProcessGroupRegroup : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dst,
                                         int tag) override
     {
-        TORCH_CHECK(tensors.size() == 1, "regroup backend: send takes one tensor");
-        at::Tensor &t = tensors[0];
-        check_tensor(t, "send's tensor");
-        check_peer(dst, "send");
-        rg_comm_opts_t o = comm_opts(c10d::kUnsetTimeout);
-        check(rg_comm_send(peer_comm(), t.data_ptr(), t.numel(), to_rg_dtype(t, "send"), dst,
-                           p2p_tag(tag), &o),
-              "send");
-        return done(c10d::OpType::SEND, tensors);
+        return p2p(tensors, dst, tag, true);
     }
 
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src,
                                         int tag) override
     {
-        TORCH_CHECK(tensors.size() == 1, "regroup backend: recv takes one tensor");
-        at::Tensor &t = tensors[0];
-        check_tensor(t, "recv's tensor");
-        check_peer(src, "recv");
-        rg_comm_opts_t o = comm_opts(c10d::kUnsetTimeout);
-        check(rg_comm_recv(peer_comm(), t.data_ptr(), t.numel(), to_rg_dtype(t, "recv"), src,
-                           p2p_tag(tag), &o),
-              "recv");
-        return done(c10d::OpType::RECV, tensors);
+        return p2p(tensors, src, tag, false);
     }
 
   private:
@@ -292,6 +276,23 @@ class ProcessGroupRegroup : public c10d::ProcessGroup {
         TORCH_CHECK(c != nullptr, "regroup backend: this worker has no group (a replacement "
                     "that has not joined yet)");
         return getSize() > 1 ? c : nullptr;
+    }
+
+    c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor> &tensors, int peer, int tag,
+                                       bool send)
+    {
+        const char *what = send ? "send" : "recv";
+        TORCH_CHECK(tensors.size() == 1, "regroup backend: ", what, " takes one tensor");
+        at::Tensor &t = tensors[0];
+        check_tensor(t, send ? "send's tensor" : "recv's tensor");
+        check_peer(peer, what);
+        rg_comm_opts_t o = comm_opts(c10d::kUnsetTimeout);
+        rg_comm_t *c = peer_comm();
+        rg_dtype_t dt = to_rg_dtype(t, what);
+        check(send ? rg_comm_send(c, t.data_ptr(), t.numel(), dt, peer, p2p_tag(tag), &o)
+                   : rg_comm_recv(c, t.data_ptr(), t.numel(), dt, peer, p2p_tag(tag), &o),
+              what);
+        return done(send ? c10d::OpType::SEND : c10d::OpType::RECV, tensors);
     }
 
     rg_comm_t *peer_comm()

@@ -115,10 +115,11 @@ def state(meta, tensors):
     return out
 
 
-def unflatten(skeleton, tensors):
+def unflatten(skeleton, tensor):
+    """The dict of skeleton, each _TensorRef replaced by tensor(ref)."""
     def walk(obj):
         if isinstance(obj, _TensorRef):
-            return tensors[obj.index]
+            return tensor(obj)
         if isinstance(obj, dict):
             out = type(obj)()
             for k, v in obj.items():
@@ -168,25 +169,13 @@ def read(root, step):
         tensors = {}
 
         def load(ref):
-            t = _read_tensor(lib, reader, "t%d" % ref.index, torch)
-            if ref.raw:
-                t = t.view(getattr(torch, ref.dtype))
-            return t.reshape(ref.shape)
-
-        def walk(obj):
-            if isinstance(obj, _TensorRef):
-                if obj.index not in tensors:
-                    tensors[obj.index] = load(obj)
-                return tensors[obj.index]
-            if isinstance(obj, dict):
-                out = type(obj)()
-                for k, v in obj.items():
-                    out[k] = walk(v)
-                return out
-            if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-                return type(obj)(walk(v) for v in obj)
-            return obj
-        return walk(meta["data"]), meta.get("extra") or {}
+            if ref.index not in tensors:
+                t = _read_tensor(lib, reader, "t%d" % ref.index, torch)
+                if ref.raw:
+                    t = t.view(getattr(torch, ref.dtype))
+                tensors[ref.index] = t.reshape(ref.shape)
+            return tensors[ref.index]
+        return unflatten(meta["data"], load), meta.get("extra") or {}
     finally:
         lib.rg_ckpt_reader_close(reader)
 
