@@ -136,6 +136,8 @@ class Session:
         scale = 1.0 / self.ctx.world_size
         if self.loader is not None and self.loader.global_count > 0:
             scale = self.loader.local_count / self.loader.global_count
+        params = [p for p in params if p.requires_grad]
+        had = [p.grad is not None for p in params]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         try:
             if self.ctx.world_size > 1 or scale != 1.0:
@@ -150,10 +152,10 @@ class Session:
                     for i in idx:
                         n = grads[i].numel()
                         g = flat[off:off + n].view_as(grads[i])
-                        if params[i].grad is None:
-                            params[i].grad = g.clone()
-                        else:
+                        if had[i]:
                             params[i].grad.copy_(g)
+                        elif bool(g.any()):   # a gradient only other ranks had
+                            params[i].grad = g.clone()
                         off += n
             if self.ctx.world_size > 1 and self.module is not None:
                 for b in self.module.buffers():
@@ -251,7 +253,7 @@ class Session:
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
         if self.ctx.rank == 0 and self.run_dir:
-            rec = {"metrics": metrics, "step": self.done, "epoch": self._epoch(),
+            rec = {"metrics": metrics, "step": self.done, "loader_epoch": self._epoch(),
                    "world_size": self.ctx.world_size, "round": self.ctx.round,
                    "time": time.time(), "checkpoint": checkpoint is not None}
             os.makedirs(self.run_dir, exist_ok=True)

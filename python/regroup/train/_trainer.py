@@ -206,9 +206,10 @@ class TorchTrainer:
             ck = _ckpt.Checkpoint(path=_ckpt.step_dir(ck_root, steps[0]), step=steps[0],
                                   root=ck_root)
         last = history[-1]["metrics"] if history else {}
-        return Result(last, [dict(h["metrics"], **{k: v for k, v in h.items()
-                                                   if k != "metrics"}) for h in history],
-                      ck, run_dir)
+        # each record: what the report said, beside the step, the world size, the round and
+        # the time it was made at (a metric of the same name wins)
+        return Result(last, [dict({k: v for k, v in h.items() if k != "metrics"},
+                                  **h["metrics"]) for h in history], ck, run_dir)
 
 
 def _takes_config(fn):
