@@ -180,8 +180,10 @@ class Session:
         notices. In place, a broken group regroups here (never reporting again: a rank whose
         report got through has gone on, and every rank meets the next step's collectives
         in the new group); a planned change regroups at a step boundary (the optimizer's
-        step), also when it was first seen in the user's report() (the notice stays until
-        the job regrouped), so that a replacement always joins at the same kind of point.
+        step) that is not its epoch's last, also when it was first seen in the user's
+        report() or at an epoch's last step (the notice stays until the job regrouped), so
+        that a replacement always joins at the same kind of point: mid-epoch, after the
+        checkpoint of the epoch before was reported.
         A preemption takes the last checkpoint on every rank; the leaving node's workers
         exit."""
         state = self._checkpoint_state(checkpoint) if checkpoint is not None else None
@@ -194,12 +196,20 @@ class Session:
                 self._leave(checkpoint, leaving=n.leaving or not self.in_place)
             elif not self.in_place:
                 raise
-            if n.preempt or not user:
+            if n.preempt or not (user or self._epoch_ended()):
                 self.regroup(e)
         except _status.Error as e:
             if not (self.in_place and _regroup_failure(e)):
                 raise
             self.regroup(e)
+
+    def _epoch_ended(self):
+        """The step just done was its epoch's last: the loader's iteration ends next, and the
+        loop reports the epoch. A planned change waits for the next epoch's first step: a
+        replacement takes its epoch from the checkpoint reported at an epoch's end, and one
+        that joined between the last step and that report would run an empty epoch."""
+        return self.loader is not None and self.loader.sampler.steps_per_epoch > 1 and \
+            self.loader.sampler.epoch != self.loader.epoch
 
     def _epoch(self):
         return self.loader.epoch if self.loader is not None else 0
