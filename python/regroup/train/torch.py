@@ -44,12 +44,10 @@ def prepare_model(model, move_to_device=True, ddp_kwargs=None):
     if s.model is not None:
         raise ValueError("regroup.train: prepare_model was called already in this worker "
                          "(one model per training function)")
+    # move_to_device is Ray Train's argument: the device here is the CPU (get_device()), so
+    # a model elsewhere is refused rather than moved.
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.device.type != "cpu":
-            if move_to_device and t.device.type == "cuda":
-                raise ValueError("regroup.train: prepare_model: %s is on %s: this build of "
-                                 "regroup and its PyTorch serve CPU tensors only" % (
-                                     name, t.device))
             raise ValueError("regroup.train: prepare_model: %s is on %s: this build serves "
                              "CPU tensors only" % (name, t.device))
     kw = dict(ddp_kwargs or {})
