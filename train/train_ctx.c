@@ -22,6 +22,7 @@
 #define CURSOR_TENSOR      "_regroup.cursor"
 #define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
 #define RESTORE_TRIES      8
+#define RETIRED_SAME_STEP_MS 10000   /* an earlier group's save of the step a new one takes */
 
 static rg_status_t finish_save(rg_train_ctx_t *ctx);
 
@@ -523,6 +524,9 @@ rg_status_t train_save_start(rg_train_ctx_t *ctx, int64_t step, const rg_train_s
     int64_t cursor[3] = {(int64_t)state->cursor.seed, (int64_t)state->cursor.epoch,
                          (int64_t)state->cursor.step};
     size_t n_save = state->n_tensors;
+    if (ctx->n_retired > 0) {
+        train_retired_wait_step(ctx, step, RETIRED_SAME_STEP_MS);
+    }
     if (ctx->rank == 0) {
         t[n_save++] = (rg_ckpt_tensor_t){.name = CURSOR_TENSOR, .dtype = RG_DTYPE_I64,
                                          .ndim = 1, .shape = {3}, .row_begin = 0,

@@ -108,6 +108,10 @@ rg_status_t train_ckpt_open(rg_train_ctx_t *ctx) RG_NODISCARD;
  * with wait_ms > 0, waits up to that long for the others first, then abandons them to the
  * process's exit (their threads keep their memory). */
 void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms);
+/* Waits up to wait_ms for an earlier group's checkpoint of this step (one that no dead peer
+ * holds up), then reaps: a new save of the same step must not write its directory beside
+ * it, and finds it committed (RG_EEXIST) if it was. */
+void train_retired_wait_step(rg_train_ctx_t *ctx, int64_t step, int64_t wait_ms);
 
 /* train_table.c: the sharded table's part of a regroup (in the new group, on every member).
  * find: the members say what rows they hold (an allgather); *step_p gets the newest of

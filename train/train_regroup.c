@@ -88,6 +88,20 @@ void train_retired_reap(rg_train_ctx_t *ctx, int64_t wait_ms)
     ctx->n_retired = k;
 }
 
+void train_retired_wait_step(rg_train_ctx_t *ctx, int64_t step, int64_t wait_ms)
+{
+    rg_deadline_t until = rg_deadline_in_ms(wait_ms);
+    for (int i = 0; i < ctx->n_retired; i++) {
+        if (ctx->retired[i].step == step && !ctx->retired[i].doomed &&
+            rg_ckpt_save_wait(ctx->retired[i].save, until) != RG_OK &&
+            rg_ckpt_save_status(ctx->retired[i].save) == RG_INPROGRESS) {
+            rg_warn("the checkpoint of step %lld of an earlier group is still in flight",
+                    (long long)step);
+        }
+    }
+    train_retired_reap(ctx, 0);
+}
+
 /* Leaves the old group and its checkpointer. A checkpoint still in flight is not waited
  * for: with every rank alive it commits in the background, with its old checkpointer; one
  * that waits for a dead peer's shard fails at its commit deadline, never visible. */

@@ -79,6 +79,27 @@ def test_in_place_kill_keeps_survivors(tmp):
     assert_gone(out)
 
 
+def test_last_checkpoint_after_a_change_waited(tmp):
+    """The job's last report (with its checkpoint) comes while a replacement waits to join:
+    the job has moved to a newer round, so that checkpoint is refused in the old one. The
+    workers regroup once more after the training function returned, the replacement takes
+    part in saving it again and exits 0: the result's checkpoint is the last report's."""
+    rc, out = fit(tmp, "endchange", "--workers", 4, "--epochs", 2, "--kill-at", 20,
+                  "--kill-rank", 2, "--max-failures", 2, "--end-with-change")
+    assert rc == 0, out
+    assert "rank 2: killing myself at step 20" in out, out
+    m = re.search(r"last report at step (\d+)", out)
+    assert m, out
+    assert "checkpoint_step=%s " % m.group(1) in out, out
+    assert "counts_ok=True" in out, out
+    assert re.search(r"regrouped at step %s: world size 4, round 2 \(MembershipChanged\)" %
+                     m.group(1), out), out
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=3")
+    assert sorted(done) == [0, 1, 2], out   # the survivors' loops ended at world 3
+    assert out.count("worker done") == 3, out   # the replacement ran no loop
+    assert_gone(out)
+
+
 def test_restart_mode_same_script(tmp):
     """The same script with FailureConfig(recovery="restart"): every worker restarts from
     the last committed checkpoint (on disk) and the counts are still exact."""

@@ -5,22 +5,27 @@ epoch, whatever failed). The training function has no recovery code.
 
     worker_ddp.py --storage DIR --name NAME [--workers N] [--epochs E] [--kill-at STEP
         --kill-rank R] [--raise-at STEP --raise-rank R] [--recovery in-place|restart]
-        [--max-failures K] [--bad-config] [--on-cuda]
+        [--max-failures K] [--bad-config] [--on-cuda] [--end-with-change]
 
 The driver prints "result metrics=<json> checkpoint_step=<n> counts_ok=<bool>"; each worker
 prints "worker pid=<pid> rank=<r>" when it starts and "worker done pid=<pid> rank=<r> world=<w>"
-when its loop ends."""
+when its loop ends. --end-with-change: before the last epoch's report, the ranks report
+(without a checkpoint) until a planned change (the replacement of a killed rank) waits for a
+step boundary, so that the job's last checkpoint is reported once the job has moved on to a
+newer round; the last report's step is printed as "last report at step <n>"."""
 import argparse
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from regroup import train
+from regroup.train import _session
 from regroup.train.torch import prepare_data_loader, prepare_model, prepare_optimizer
 
 N, B, D, K = 512, 32, 8, 4
@@ -90,12 +95,27 @@ def train_func(config):
             if first and steps == config["raise_at"] and \
                     ctx.get_world_rank() == config["raise_rank"]:
                 raise ValueError("boom at step %d" % steps)
+        if config["end_with_change"] and epoch == config["epochs"] - 1:
+            wait_for_a_deferred_change(ctx)
+            if ctx.get_world_rank() == 0:
+                print("last report at step %d" % _session.get().done, flush=True)
         train.report({"epoch": epoch, "loss": float(loss), "world_size": ctx.get_world_size()},
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "opt": opt.state_dict(),
                          "epoch": epoch}))
     print("worker done pid=%d rank=%d world=%d" % (os.getpid(), ctx.get_world_rank(),
                                                     ctx.get_world_size()), flush=True)
+
+
+def wait_for_a_deferred_change(ctx):
+    """Reports (user reports: a planned change seen there waits) until one waits; the same
+    on every rank, since every rank sees a change at the same report. Bounded."""
+    for _ in range(6000):
+        if _session.get().deferred is not None:
+            return
+        train.report({"waiting": 1.0})
+        time.sleep(0.01)
+    raise RuntimeError("no planned change came within 6000 reports")
 
 
 def main():
@@ -111,9 +131,11 @@ def main():
     ap.add_argument("--recovery", default="in-place")
     ap.add_argument("--max-failures", type=int, default=0)
     ap.add_argument("--bad-config", action="store_true")
+    ap.add_argument("--end-with-change", action="store_true")
     a = ap.parse_args()
     config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
-              "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers}
+              "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
+              "end_with_change": a.end_with_change}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
     trainer = train.TorchTrainer(

@@ -35,6 +35,12 @@ _session = None
 _REGROUP_ATTEMPTS = 8  # regroups in a row that may break off before the worker gives up
 
 
+class Finished(BaseException):
+    """Raised in a replacement that joined only for the job's last checkpoint (the others'
+    training function had returned): it takes its part in that checkpoint and exits 0
+    without running the rest of its own."""
+
+
 class Leave(BaseException):
     """Raised through the user's loop when this worker's node leaves (a preemption notice):
     its last checkpoint is taken; the worker exits 0. A BaseException, so that a loop's
@@ -73,6 +79,9 @@ class Session:
         self.optimizer = None         # the prepared optimizer (its inner one)
         self.loader = None
         self.last_checkpoint = None   # the last reported Checkpoint (its dict)
+        self.last_checkpoint_step = -1  # the steps done when it was reported
+        self.deferred = None          # in place: a planned change that waits for a boundary
+        self.finishing = False        # the training function returned: the last regroup
         self.received_checkpoint = None  # a replacement's: what the survivors last reported
         self.resync = None            # a replacement's received state, to put back after load
         self.joined = not self.ctx.joining
@@ -198,6 +207,8 @@ class Session:
                 raise
             if n.preempt or not (user or self._epoch_ended()):
                 self.regroup(e)
+            else:
+                self.deferred = e
         except _status.Error as e:
             if not (self.in_place and _regroup_failure(e)):
                 raise
@@ -262,6 +273,7 @@ class Session:
         self.boundary(checkpoint=checkpoint, metrics=numeric, user=True)
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
+            self.last_checkpoint_step = self.done
         if self.ctx.rank == 0 and self.run_dir:
             rec = {"metrics": metrics, "step": self.done, "loader_epoch": self._epoch(),
                    "world_size": self.ctx.world_size, "round": self.ctx.round,
@@ -316,8 +328,40 @@ class Session:
     # ---- in place ----------------------------------------------------------------------
 
     def join(self):
-        """A replacement's first regroup (before any collective)."""
+        """A replacement's first regroup (before any collective). One that joined for the
+        job's last checkpoint takes its part in it and ends (Finished)."""
         self.regroup(None)
+        if self.finishing:
+            self._final_save()
+            raise Finished()
+
+    def finish(self):
+        """After the training function returned. In place, a planned change that waited for
+        a step boundary (first seen at the user's last report, or at an epoch's last step)
+        has moved the job to a newer round: that report's checkpoint was refused in the old
+        one (its writes are fenced), and the job would end without it. The workers regroup
+        once more (a replacement waiting to join receives the state, takes part and ends
+        without running its function) and save it again in the new round: a step already
+        committed is not written twice."""
+        for _ in range(_REGROUP_ATTEMPTS):
+            if not self.in_place or self.deferred is None:
+                return
+            self.finishing = True
+            self.regroup(self.deferred)
+            self._final_save()
+        raise RuntimeError("regroup.train: the job kept changing after the training function "
+                           "returned (%d regroups)" % _REGROUP_ATTEMPTS)
+
+    def _final_save(self):
+        """The last checkpoint again, at the steps done, if the last report carried it
+        (rank 0's word: a replacement knows it from the state it received). Collective."""
+        torch = _torch()
+        need = torch.tensor([1 if self.last_checkpoint is not None and
+                             self.last_checkpoint_step == self.done else 0], dtype=torch.int64)
+        if self.ctx.world_size > 1:
+            self.ctx.broadcast(need, root=0)
+        if need.item():
+            self.boundary(checkpoint=self.last_checkpoint, user=True)
 
     def regroup(self, why):
         """Regroups in place: the state, the optimizer's and the loader's position from the
@@ -359,7 +403,8 @@ class Session:
                     ck = self.last_checkpoint.to_dict()
                 blob = _ckpt.dumps({
                     "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                    "checkpoint": ck, "loader_epoch": self._epoch()})
+                    "checkpoint": ck, "checkpoint_step": self.last_checkpoint_step,
+                    "loader_epoch": self._epoch(), "finishing": self.finishing})
                 n[0] = len(blob)
             self.ctx.broadcast(n, root=r.source)
             buf = torch.zeros(int(n.item()), dtype=torch.uint8)
@@ -378,11 +423,14 @@ class Session:
                     self.received_checkpoint = _ckpt.Checkpoint(data=got["checkpoint"],
                                                                 step=r.step)
                     self.last_checkpoint = self.received_checkpoint
+                    self.last_checkpoint_step = got["checkpoint_step"]
+                self.finishing = self.finishing or got["finishing"]
                 if not self.joined:  # what the user's load of that checkpoint must not undo
                     self.resync = ([t.clone() for t in self.state_tensors()],
                                    got["optimizer"])
         self.done = r.step
         self.cursor = r.cursor
+        self.deferred = None
         if self.loader is not None:
             self.loader.sampler.reshard(r.rank, r.world_size, r.cursor)
         self.joined = True

@@ -117,7 +117,8 @@ class TorchTrainer:
                 fn(config)
             else:
                 fn()
-        except _session.Leave:
+            s.finish()
+        except (_session.Leave, _session.Finished):
             code = 0
         except BaseException:
             code = 1
