@@ -287,6 +287,12 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
                           "address before the deadline", comm->size, prefix, n_found);
             break;
         }
+        char why[256];
+        if (comm->abandon != NULL && comm->abandon(comm->abandon_arg, why, sizeof(why))) {
+            st = rg_error(RG_EPEER, "group of %d under %s: given up with %d ranks' addresses "
+                          "read: %s", comm->size, prefix, n_found, why);
+            break;
+        }
         comm_progress_for(comm, backoff_ms, deadline);
         backoff_ms = RG_MIN(backoff_ms * 2, 20);
     }

@@ -353,6 +353,46 @@ START_TEST(test_create_times_out)
 }
 END_TEST
 
+/* The abandon hook: says yes once it was asked a few times. */
+static bool give_up_soon(void *arg, char *why, size_t cap)
+{
+    int *asked = arg;
+    snprintf(why, cap, "the caller moved on");
+    return ++*asked >= 3;
+}
+
+/* One rank of two whose peer never publishes, with an abandon hook that gives the group up:
+ * creation fails at once with RG_EPEER and the hook's reason, not at its 30 s deadline (a
+ * regroup whose round lost a member before the wire-up waited that out), and the address it
+ * published is deleted again. */
+START_TEST(test_create_abandoned)
+{
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    rg_comm_t *comm = NULL;
+    int asked = 0;
+    rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = comm_test_etcd(),
+                          .key_prefix = "/regroup/abandoned/rounds/0/store/comm/",
+                          .create_timeout_ms = 30000, .abandon = give_up_soon,
+                          .abandon_arg = &asked};
+    uint64_t t0 = rg_now_ns();
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EPEER);
+    double ms = (double)(rg_now_ns() - t0) / 1e6;
+    ck_assert_msg(ms < 10000, "took %.0f ms", ms);
+    ck_assert_int_eq(asked, 3);
+    ck_assert_msg(strstr(rg_last_error(), "the caller moved on") != NULL, "%s", rg_last_error());
+    ck_assert_ptr_null(comm);
+    rg_etcd_t *etcd = NULL;
+    rg_etcd_params_t ep = {.endpoints = comm_test_etcd()};
+    ck_assert_int_eq(rg_etcd_create(&ep, &etcd), RG_OK);
+    rg_etcd_range_req_t rq = {.key = "/regroup/abandoned/rounds/0/store/comm/", .prefix = true};
+    rg_etcd_range_t res;
+    ck_assert_int_eq(rg_etcd_range(etcd, &rq, rg_deadline_in_ms(5000), &res), RG_OK);
+    ck_assert_msg(res.n_kvs == 0, "%zu addresses left under the prefix", res.n_kvs);
+    rg_etcd_range_cleanup(&res);
+    rg_etcd_destroy(etcd);
+}
+END_TEST
+
 /* Two ranks whose REGROUP_COMM_SEGMENT_BYTES differ would cut a message differently and wait
  * on transfers that never come: creation fails on both at once, naming the variable. */
 START_TEST(test_create_knobs_differ)
@@ -489,6 +529,7 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_create_bad_params);
     tcase_add_test(tc, test_create_times_out);
+    tcase_add_test(tc, test_create_abandoned);
     tcase_add_test(tc, test_create_knobs_differ);
     tcase_add_test(tc, test_create_knobs_differ_keeps_address);
     tcase_add_test(tc, test_env_read);

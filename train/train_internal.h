@@ -55,6 +55,7 @@ struct rg_train_ctx {
     int64_t          comm_timeout_ms;/* the group's, for the groups regroup makes */
     int              group_round;    /* the round and world of the group being made or in */
     int              group_world;    /*   use, for train_group_watch */
+    bool             group_wiring;   /* a regroup's group is being made (its wire-up) */
     unsigned         keep_last;      /* the checkpointer's, for the one regroup makes */
     int              commit_ms;
     size_t           staging_bytes;

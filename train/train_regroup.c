@@ -141,7 +141,11 @@ static void leave_group(rg_train_ctx_t *ctx)
     ctx->comm = NULL;
 }
 
-/* The group's abandon hook (train_group_watch): the agent has assigned this worker a round
+/* The group's abandon hook (train_group_watch). While its wire-up waits for the members'
+ * addresses: the agent has assigned this worker any newer round (a member of this one died
+ * before it published its address, or a replacement became ready: the members that are left
+ * go to the newer round, and waiting out the wire-up's deadline for this one only costs the
+ * job that long). Once it is made: the agent has assigned this worker a round
  * newer than the group's with fewer ranks. Its agent closes that round within milliseconds
  * of a local worker's death (and others' agents once the lost member's lease is gone),
  * where UCX would tell the survivors of the death only at its next keepalive (about 100 ms
@@ -153,7 +157,15 @@ static bool group_member_lost(void *arg, char *why, size_t cap)
     rg_train_ctx_t *ctx = arg;
     rg_notice_assign_t a;
     if (!rg_notice_read_assign(&ctx->notice, &a) || a.round <= ctx->group_round ||
-        a.world >= ctx->group_world || ctx->local_rank >= a.n || a.rank[ctx->local_rank] < 0) {
+        ctx->local_rank >= a.n || a.rank[ctx->local_rank] < 0) {
+        return false;
+    }
+    if (ctx->group_wiring) {
+        snprintf(why, cap, "this node's agent joined round %d while round %d was being made",
+                 a.round, ctx->group_round);
+        return true;
+    }
+    if (a.world >= ctx->group_world) {
         return false;
     }
     snprintf(why, cap, "a member of round %d is lost: this node's agent joined round %d of "
@@ -210,7 +222,9 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
                            .timeout_ms = ctx->comm_timeout_ms,
                            .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS))};
     train_group_watch(ctx, a->round, a->world, &cp);
+    ctx->group_wiring = true;
     st = rg_comm_create(&cp, &ctx->comm);
+    ctx->group_wiring = false;
     if (st != RG_OK) {
         ctx->comm = NULL;
         return st;

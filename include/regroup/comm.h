@@ -101,7 +101,10 @@ typedef struct {
      * to be given up, for a caller that learns of a lost member sooner than UCX (whose
      * keepalive finds a dead peer within about one interval). Returning true with a reason
      * in why fails the group with RG_EPEER, as a dead peer does, and tells the live peers.
-     * Called from the progress pass: it must not call back into the group. */
+     * Also asked between the wire-up's reads of the addresses: true there fails
+     * rg_comm_create with RG_EPEER at once (a member that will never publish its address),
+     * instead of at create_timeout_ms. Called from the progress pass: it must not call back
+     * into the group. */
     bool      (*abandon)(void *arg, char *why, size_t cap);
     void       *abandon_arg;
 } rg_comm_params_t;
