@@ -58,9 +58,10 @@ def test_fault_free(tmp):
 def test_in_place_kill_keeps_survivors(tmp):
     """4 workers, rank 2 SIGKILLed mid-epoch (step 20: epoch 1's 4th): the survivors keep
     their processes (pids unchanged), regroup at world 3 from memory (no checkpoint read),
-    the replacement joins with the survivors' state; every sample of every epoch once."""
-    rc, out = fit(tmp, "kill", "--workers", 4, "--epochs", 30, "--kill-at", 20,
-                  "--kill-rank", 2, "--max-failures", 2)
+    the replacement joins with the survivors' state (at the last epoch's first step at the
+    latest: the survivors wait there for it); every sample of every epoch once."""
+    rc, out = fit(tmp, "kill", "--workers", 4, "--epochs", 3, "--kill-at", 20,
+                  "--kill-rank", 2, "--max-failures", 2, "--wait-for-replacement")
     assert rc == 0, out
     assert "rank 2: killing myself at step 20" in out, out
     assert "counts_ok=True" in out, out

@@ -6,13 +6,17 @@ epoch, whatever failed). The training function has no recovery code.
     worker_ddp.py --storage DIR --name NAME [--workers N] [--epochs E] [--kill-at STEP
         --kill-rank R] [--raise-at STEP --raise-rank R] [--recovery in-place|restart]
         [--max-failures K] [--bad-config] [--on-cuda] [--end-with-change]
+        [--wait-for-replacement]
 
 The driver prints "result metrics=<json> checkpoint_step=<n> counts_ok=<bool>"; each worker
 prints "worker pid=<pid> rank=<r>" when it starts and "worker done pid=<pid> rank=<r> world=<w>"
 when its loop ends. --end-with-change: before the last epoch's report, the ranks report
 (without a checkpoint) until a planned change (the replacement of a killed rank) waits for a
 step boundary, so that the job's last checkpoint is reported once the job has moved on to a
-newer round; the last report's step is printed as "last report at step <n>"."""
+newer round; the last report's step is printed as "last report at step <n>".
+--wait-for-replacement: a group smaller than --workers at the last epoch's start reports
+(without a checkpoint) until the replacement waits to join, which it then does at that epoch's
+first step: the test sees a join however long the replacement takes to start."""
 import argparse
 import json
 import os
@@ -78,6 +82,9 @@ def train_func(config):
             ctx.get_world_rank(), d["epoch"], ck.path), flush=True)
     steps = 0
     for epoch in range(start, config["epochs"]):
+        if config["wait_for_replacement"] and epoch == config["epochs"] - 1 and \
+                ctx.get_world_size() < config["workers"]:
+            wait_for_a_deferred_change(ctx)
         for x, y, ids in loader:
             opt.zero_grad()
             logits, cnt = model(x, ids)
@@ -132,10 +139,12 @@ def main():
     ap.add_argument("--max-failures", type=int, default=0)
     ap.add_argument("--bad-config", action="store_true")
     ap.add_argument("--end-with-change", action="store_true")
+    ap.add_argument("--wait-for-replacement", action="store_true")
     a = ap.parse_args()
     config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
               "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
-              "end_with_change": a.end_with_change}
+              "end_with_change": a.end_with_change,
+              "wait_for_replacement": a.wait_for_replacement}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
     trainer = train.TorchTrainer(
