@@ -134,7 +134,7 @@ static char ep_arg[600];
  * returns, and a first checkpoint committed. b_notice is B's --preemption-notice; extra an
  * argument of B's (or NULL); work the per-sample compute; pad_kb the checkpoint padding. */
 static job_t start_pair(const char *id, const char *b_notice, const char *b_extra,
-                        const char *work, const char *pad_kb)
+                        const char *epochs, const char *work, const char *pad_kb)
 {
     char rid[80];
     char bn[80];
@@ -145,13 +145,13 @@ static job_t start_pair(const char *id, const char *b_notice, const char *b_extr
     snprintf(bn, sizeof(bn), "--preemption-notice=%s", b_notice);
     char *a_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--nproc-per-node=1",
                       "--max-restarts=0", "--rdzv-conf=last_call_timeout=3", RG_EXACT_BIN,
-                      "--epochs", "40", "--work", (char *)work, "--pad-kb", (char *)pad_kb,
-                      NULL};
+                      "--epochs", (char *)epochs, "--work", (char *)work, "--pad-kb",
+                      (char *)pad_kb, NULL};
     char *b_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--nproc-per-node=1",
                       "--max-restarts=0", "--rdzv-conf=last_call_timeout=3", bn,
                       b_extra ? (char *)b_extra : "--grace-period=5", RG_EXACT_BIN,
-                      "--epochs", "40", "--work", (char *)work, "--pad-kb", (char *)pad_kb,
-                      NULL};
+                      "--epochs", (char *)epochs, "--work", (char *)work, "--pad-kb",
+                      (char *)pad_kb, NULL};
     unsetenv("REGROUP_METADATA_URL");
     j.a = test_spawn_logged(dir, "a", a_argv);
     if (url[0] != '\0') {
@@ -189,7 +189,7 @@ static void check_no_step_lost(const job_t *j)
 START_TEST(test_aws_notice_while_training)
 {
     meta_up("aws", "none");
-    job_t j = start_pair("aws", "aws", NULL, "20000", "0");
+    job_t j = start_pair("aws", "aws", NULL, "40", "20000", "0");
     ck_assert(!test_log_has(dir, "b", "leaves the job"));
     meta_state("notice 60");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
@@ -207,7 +207,7 @@ END_TEST
 START_TEST(test_gce_notice_while_training)
 {
     meta_up("gce", "none");
-    job_t j = start_pair("gce", "gce", NULL, "20000", "0");
+    job_t j = start_pair("gce", "gce", NULL, "40", "20000", "0");
     meta_state("notice 0");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
     ck_assert(test_log_has(dir, "b", "this node left the job (gce instance/preempted: TRUE"));
@@ -218,7 +218,7 @@ END_TEST
 START_TEST(test_azure_notice_while_training)
 {
     meta_up("azure", "none");
-    job_t j = start_pair("azure", "azure", NULL, "20000", "0");
+    job_t j = start_pair("azure", "azure", NULL, "40", "20000", "0");
     meta_state("notice 45");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
     ck_assert(test_log_has(dir, "b", "this node left the job (azure scheduled event Preempt"));
@@ -270,7 +270,7 @@ END_TEST
 START_TEST(test_notice_too_late_falls_back)
 {
     meta_up("aws", "none");
-    job_t j = start_pair("late", "aws", NULL, "20000", "0");
+    job_t j = start_pair("late", "aws", NULL, "40", "20000", "0");
     meta_state("notice -5");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
     ck_assert_int_eq(test_wait_exit(j.a, 240000), 0);
@@ -288,11 +288,13 @@ END_TEST
 /* SIGTERM while the last checkpoint is being written: the deadline becomes the grace period,
  * which is enough; the save lands and the survivor loses no step. The padding (64 MiB) makes
  * every checkpoint take a while, so that one is always being written: the step reached when
- * the notice is seen waits for the one in flight, then is saved itself. */
+ * the notice is seen waits for the one in flight, then is saved itself. 8 epochs (200
+ * steps, the notice comes after the first checkpoint): the survivor's 64 MiB checkpoints after
+ * it would take a minute at 40. */
 START_TEST(test_sigterm_during_last_save)
 {
     meta_up("aws", "none");
-    job_t j = start_pair("term", "aws", "--grace-period=30", "20000", "65536");
+    job_t j = start_pair("term", "aws", "--grace-period=30", "8", "20000", "65536");
     meta_state("notice 90");
     test_wait_log(dir, "b", "this node leaves the job: aws", 30000);
     ck_assert_msg(!test_log_has(dir, "b", "left the job"), "the node left before its SIGTERM");
@@ -306,7 +308,7 @@ END_TEST
 /* No metadata service: SIGTERM alone is a notice with the grace period, at --max-restarts=0. */
 START_TEST(test_sigterm_is_a_notice)
 {
-    job_t j = start_pair("sig", "none", "--grace-period=20", "20000", "0");
+    job_t j = start_pair("sig", "none", "--grace-period=20", "40", "20000", "0");
     ck_assert_int_eq(kill(j.b, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 128 + SIGTERM);
     ck_assert(test_log_has(dir, "b", "this node leaves the job: SIGTERM"));
