@@ -37,16 +37,7 @@ static void setup(void)
     node_state_kb = "0";
     node_epochs = "8";
     test_job_dirs(dir, sizeof(dir), ckpt, sizeof(ckpt), "inplace");
-    snprintf(stop_path, sizeof(stop_path), "%s/stop", dir);
-}
-
-/* A start_node job ends at its next epoch boundary: the test has seen what it waited for
- * (the rest of the run would only take time). */
-static void end_training(void)
-{
-    FILE *f = fopen(stop_path, "w");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fclose(f), 0);
+    test_stop_path(dir, stop_path, sizeof(stop_path));
 }
 
 static void teardown(void)
@@ -537,7 +528,7 @@ START_TEST(test_inplace_node_loss)
     two_nodes("--nnodes=1:2", &a, &b);
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
                     "node a did not regroup without node b");
-    end_training();
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
@@ -597,7 +588,7 @@ START_TEST(test_inplace_table_lost_falls_back_to_disk)
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "resumed from step"), 60000,
                     "the job did not restart from its checkpoint");
-    end_training();
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_msg(test_log_has(dir, "a", "held by no member"),
                   "the regroup did not find the rows lost");
@@ -674,7 +665,7 @@ static void node_joins(int nproc_a, int nproc_b)
     pid_t b = start_node("b", "--nnodes=1:2", np_b, conf);
     TEST_WAIT_UNTIL(log_lines("b", "received from rank", NULL) == nproc_b, 60000,
                     "node b's workers did not receive the state");
-    end_training();
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 0);
     check_joined("a", "b", world);
@@ -733,7 +724,7 @@ START_TEST(test_inplace_node_waits_at_max_size)
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
     TEST_WAIT_UNTIL(log_lines("c", "received from rank", NULL) == 2, 60000,
                     "node c's workers did not receive the state");
-    end_training();
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     ck_assert_int_eq(test_wait_exit(c, 30000), 0);
     check_joined("a", "c", "world=4");
@@ -804,7 +795,7 @@ START_TEST(test_inplace_preemption)
                   "node b did not leave");
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
                     "the survivors did not regroup in place");
-    end_training();
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(a, 120000), 0);
     /* Rank 0 says how the last checkpoint went: on a, which stays, or on b, which leaves. */
     ck_assert_msg(test_log_has(dir, "a", "a node leaves at step") ||

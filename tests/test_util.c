@@ -178,6 +178,21 @@ void test_job_dirs(char *dir, size_t dir_cap, char *ckpt, size_t ckpt_cap, const
     setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
+void test_stop_path(const char *dir, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s/stop", dir);
+    ck_assert_msg(n > 0 && (size_t)n < cap, "%s/stop too long for %zu bytes", dir, cap);
+}
+
+void test_end_training(const char *dir)
+{
+    char path[400];
+    test_stop_path(dir, path, sizeof(path));
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    ck_assert_int_eq(fclose(f), 0);
+}
+
 void test_log_path(const char *dir, const char *name, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "%s/%s.log", dir, name);

@@ -107,6 +107,11 @@ void test_wait_log(const char *dir, const char *name, const char *text, int time
 /* How many checkpoints under root are committed (have a MANIFEST: rg_ckpt_list); 0 if none
  * or root cannot be listed. */
 size_t test_ckpt_committed(const char *root);
+/* The stop file of the jobs in dir (dir/stop: rg-exact's --stop-file) into out. */
+void test_stop_path(const char *dir, char *out, size_t cap);
+/* Creates dir's stop file: an rg-exact job run with --stop-file on it ends at its next epoch
+ * boundary (the test has seen what it waited for; the rest of the run would only take time). */
+void test_end_training(const char *dir);
 
 /* ---- an etcd for a test ---------------------------------------------------------------- */
 

@@ -134,15 +134,21 @@ def main():
                     help="the learning rate from --lr down to 0 over the run (as rg-fmnist)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--train-samples", type=int, default=0,
+                    help="train on the first N samples (0: all 60000)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
     a = ap.parse_args()
+    if a.train_samples < 0:
+        ap.error("--train-samples must be >= 0")
     torch.set_num_threads(1)   # one core per worker; the launcher runs one per core
 
     with regroup.init(in_place=True) as ctx:
         train_x, train_y = load_split(a.data, "train")
+        if a.train_samples:
+            train_x, train_y = train_x[:a.train_samples], train_y[:a.train_samples]
         test_x, test_y = load_split(a.data, "t10k")
         torch.manual_seed(a.seed)          # the same seed: every rank starts equal
         model = Model()

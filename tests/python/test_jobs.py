@@ -52,22 +52,25 @@ def final_accuracy(out):
                     reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
 def test_example_survives_a_worker_kill(tmp):
     pytest.importorskip("torch")
-    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500"]
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--train-samples", "16000", "--ckpt-every", "40",
+            "--log-every", "500"]
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "plain"))
     rc, plain = run_job(tmp, 4, args, timeout=400, env=env)
     assert rc == 0, plain
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "killed"))
-    rc, killed = run_job(tmp, 4, args + ["--kill-at", "350", "--kill-rank", "2"], timeout=400,
+    rc, killed = run_job(tmp, 4, args + ["--kill-at", "150", "--kill-rank", "2"], timeout=400,
                          max_restarts=2, env=env)
     assert rc == 0, killed
-    assert "rank 2: killing myself at step 350" in killed, killed
-    # From the newest checkpoint committed by then (written in the background: 300 or before).
+    assert "rank 2: killing myself at step 150" in killed, killed
+    # From the newest checkpoint committed by then (written in the background: 120 or before).
     m = re.search(r"resumed from checkpoint step (\d+) \(epoch 0\) at world size 4, restart 1",
                   killed)
-    assert m and int(m.group(1)) in (100, 200, 300), killed
+    assert m and int(m.group(1)) in (40, 80, 120), killed
     # The same run from the same checkpointed state and data position: the same model.
+    sha = [re.findall(r"params_sha256=\w+", o) for o in (plain, killed)]
+    assert len(sha[0]) == 1 and sha[0] == sha[1], (plain, killed)
     assert final_accuracy(killed) == final_accuracy(plain), (plain, killed)
-    assert float(final_accuracy(plain).split("=")[1]) > 0.8, plain
+    assert float(final_accuracy(plain).split("=")[1]) > 0.7, plain
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
@@ -81,8 +84,8 @@ def test_example_in_place_survives_a_worker_kill(tmp):
     run's bit for bit (unlike restart mode at an unchanged world size): only the model's
     quality is asserted."""
     pytest.importorskip("torch")
-    args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500",
-            "--kill-at", "150", "--kill-rank", "2"]
+    args = [PYTHON, EXAMPLE, "--epochs", "1", "--train-samples", "16000", "--ckpt-every", "100",
+            "--log-every", "500", "--kill-at", "150", "--kill-rank", "2"]
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
     rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, env=env, recovery="in-place")
     assert rc == 0, out
@@ -92,7 +95,7 @@ def test_example_in_place_survives_a_worker_kill(tmp):
                      r"state from rank 0", out), out
     assert "resumed from" not in out, out
     assert "restarting the job" not in out, out
-    assert float(final_accuracy(out).split("=")[1]) > 0.8, out
+    assert float(final_accuracy(out).split("=")[1]) > 0.7, out
 
 
 EXACT = os.path.join(conftest.HERE, "worker_exact.py")

@@ -254,14 +254,14 @@ AGENT_CONF = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8"
 class Node:
     """One `regroup` agent (a node) of a job on the test's etcd, its output in a file."""
 
-    def __init__(self, tmp, etcd, name, epochs, max_restarts=0):
+    def __init__(self, tmp, etcd, name, epochs, max_restarts=0, extra=()):
         self.log_path = os.path.join(tmp, "node-%s.log" % name)
         self.log = open(self.log_path, "wb")
         cmd = [os.path.join(conftest.BUILD, "regroup"), "--rdzv-endpoint=" + etcd.endpoint,
                "--rdzv-id=job", "--nnodes=1:2", "--nproc-per-node=2",
                "--max-restarts=%d" % max_restarts, "--recovery=in-place", AGENT_CONF,
                PYTHON, DDP, "--storage", tmp, "--name", "agents", "--workers", "4",
-               "--epochs", str(epochs)]
+               "--epochs", str(epochs)] + list(extra)
         self.proc = subprocess.Popen(cmd, env=worker_env(tmp), stdout=self.log,
                                      stderr=subprocess.STDOUT)
 
@@ -338,14 +338,15 @@ def test_node_loss_in_place_at_max_restarts_0(tmp, etcd):
 
 def test_node_joins_in_place(tmp, etcd):
     """Node a trains alone (world 2) at --nnodes=1:2; node b comes: its workers join the
-    running job in place (world 4), receive the state from node a's, and a's workers keep
-    their processes; every sample of every epoch once."""
-    epochs = 120
-    a = Node(tmp, etcd, "a", epochs)
+    running job in place (world 4), receive the state from node a's (at the last epoch's
+    first step at the latest: node a waits there for them), and a's workers keep their
+    processes; every sample of every epoch once."""
+    epochs = 6
+    a = Node(tmp, etcd, "a", epochs, extra=["--wait-for-replacement"])
     b = None
     try:
         wait_until(lambda: reported(tmp, 3), 120, "node a trains", (a,))
-        b = Node(tmp, etcd, "b", epochs)
+        b = Node(tmp, etcd, "b", epochs, extra=["--wait-for-replacement"])
         assert a.wait(240) == 0, a.out()
         assert b.wait(60) == 0, b.out()
     finally:

@@ -15,8 +15,8 @@ when its loop ends. --end-with-change: before the last epoch's report, the ranks
 step boundary, so that the job's last checkpoint is reported once the job has moved on to a
 newer round; the last report's step is printed as "last report at step <n>".
 --wait-for-replacement: a group smaller than --workers at the last epoch's start reports
-(without a checkpoint) until the replacement waits to join, which it then does at that epoch's
-first step: the test sees a join however long the replacement takes to start."""
+(without a checkpoint) until a replacement or a joining node waits to join, which it then does
+at that epoch's first step: the test sees a join however long the newcomers take to start."""
 import argparse
 import json
 import os
