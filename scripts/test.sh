@@ -1,54 +1,71 @@
 #!/usr/bin/env bash
-# Installs what is needed, builds regroup in Release (build only: gcc's -O3 finds warnings the
-# other builds miss), then plain and with ASan+UBSan, and runs every test through ctest in
-# both, then the fuzz targets for a bounded time and the quick chaos suite. Exits non-zero if
-# anything fails.
+# Installs what is needed, builds regroup in Release (-O3: gcc finds warnings there that -O2
+# hides) and with ASan+UBSan, runs every test through ctest, then the fuzz targets for a
+# bounded time and the quick chaos suite in both recovery modes. Exits non-zero if anything
+# fails. Each test runs once, where it finds the most:
+#   sanitized build  the C suites (label "c": every Check suite, each job test in them) and
+#                    the Python package's API and torch.distributed backend tests
+#   Release build    the tests of the whole system (label "system": the Python package's
+#                    training programs, Slurm, the installed library, the chaos runner),
+#                    then the chaos suite: the optimized code under faults
 #   REGROUP_JOBS=N            parallel build jobs (default: number of cores)
-#   REGROUP_FUZZ_SECONDS=N    seconds per fuzz target (default 30)
+#   REGROUP_FUZZ_SECONDS=N    seconds per fuzz target (default 10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+phase() {
+    echo "== $1 (at $((SECONDS - start)) s) =="
+}
+phase setup
 bash scripts/setup.sh
 
 jobs=${REGROUP_JOBS:-$(nproc)}
 status=0
 
-# Release (-O3) is built, not tested: gcc's -O3 finds warnings (maybe-uninitialized) that
-# the tested builds' -O2 hides, and users build it for the benchmarks.
-echo "== release build =="
-cmake -S . -B build-test-release -DCMAKE_BUILD_TYPE=Release -DREGROUP_C10D=ON >/dev/null
-if ! cmake --build build-test-release -j "$jobs" >/dev/null; then
-    echo "release build failed" >&2
-    exit 1
-fi
-for variant in plain sanitize; do
-    dir=build-test-$variant
-    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DREGROUP_C10D=ON)
-    [[ $variant == sanitize ]] && flags+=(-DREGROUP_SANITIZE=ON)
-    echo "== $variant build =="
-    cmake -S . -B "$dir" "${flags[@]}" >/dev/null
-    cmake --build "$dir" -j "$jobs" >/dev/null
-    echo "== $variant tests =="
-    if ! (cd "$dir" && ctest --output-on-failure -j 1); then
+build() {   # build DIR CMAKE-ARGS...
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" "$@" >/dev/null
+    if ! cmake --build "$dir" -j "$jobs" >/dev/null; then
+        echo "build in $dir failed" >&2
+        exit 1
+    fi
+}
+run_ctest() {   # run_ctest DIR CTEST-ARGS...
+    local dir=$1
+    shift
+    if ! (cd "$dir" && ctest --output-on-failure -j 1 "$@"); then
         status=1
     fi
-done
+}
+
+phase "release build"
+build build-test-release -DCMAKE_BUILD_TYPE=Release -DREGROUP_C10D=ON
+phase "sanitize build"
+build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREGROUP_C10D=ON \
+    -DREGROUP_SANITIZE=ON
+phase "sanitize tests (C suites, Python API)"
+run_ctest build-test-sanitize -L '^c$'
+phase "release tests (system)"
+run_ctest build-test-release -L '^system$'
 
 # The parsers of outside input, fuzzed for a bounded time (seconds per target).
-echo "== fuzz =="
-if ! bash scripts/fuzz.sh "${REGROUP_FUZZ_SECONDS:-30}"; then
+phase fuzz
+if ! bash scripts/fuzz.sh "${REGROUP_FUZZ_SECONDS:-10}"; then
     status=1
 fi
 
 # The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed, in
 # both recovery modes.
-echo "== chaos (quick) =="
-if ! REGROUP_BUILD=build-test-plain chaos/run --quick --seed 1 --report build-test-plain/chaos-report.json; then
+phase "chaos (quick)"
+if ! REGROUP_BUILD=build-test-release chaos/run --quick --seed 1 \
+        --report build-test-release/chaos-report.json; then
     status=1
 fi
-# The same faults on a job that recovers in place (about a minute more).
-echo "== chaos (quick, in place) =="
-if ! REGROUP_BUILD=build-test-plain chaos/run --quick --recovery=in-place --seed 1 \
-        --report build-test-plain/chaos-report-in-place.json; then
+phase "chaos (quick, in place)"
+if ! REGROUP_BUILD=build-test-release chaos/run --quick --recovery=in-place --seed 1 \
+        --report build-test-release/chaos-report-in-place.json; then
     status=1
 fi
+phase "done: status $status"
 exit $status

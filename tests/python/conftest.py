@@ -28,6 +28,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 sys.path.insert(0, os.path.join(SRC, "python"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "training: runs a whole training program under the launcher (minutes of "
+        "torch on 2 cores); the sanitized build's ctest leaves these out (-m 'not training')")
+
+
 @pytest.fixture
 def tmp(tmp_path):
     return str(tmp_path)

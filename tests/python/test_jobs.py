@@ -25,6 +25,7 @@ def test_every_op_and_dtype(tmp, world):
         assert "ops ok rank=%d" % r in out, out
 
 
+@pytest.mark.training
 def test_checkpoint_saved_at_4_restored_at_1_2_3(tmp):
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
     rc, out = run_job(tmp, 4, [PYTHON, CKPT, "save"], env=env)
@@ -48,6 +49,7 @@ def final_accuracy(out):
     return lines[0]
 
 
+@pytest.mark.training
 @pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
                     reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
 def test_example_survives_a_worker_kill(tmp):
@@ -73,6 +75,7 @@ def test_example_survives_a_worker_kill(tmp):
     assert float(final_accuracy(plain).split("=")[1]) > 0.7, plain
 
 
+@pytest.mark.training
 @pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
                     reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
 def test_example_in_place_survives_a_worker_kill(tmp):
@@ -170,6 +173,7 @@ def committed_steps(ckpt):
             os.path.exists(os.path.join(ckpt, n, "MANIFEST"))]
 
 
+@pytest.mark.training
 def test_sigterm_takes_a_last_checkpoint_and_the_job_resumes_from_it(tmp):
     """SIGTERM to the launcher of a restart-mode job (a scheduler's stop; a cloud's soft-off):
     every rank learns it from report at the same step (MembershipChanged, notice.preempt),

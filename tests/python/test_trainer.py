@@ -55,6 +55,7 @@ def test_fault_free(tmp):
     assert "regrouped" not in out, out
 
 
+@pytest.mark.training
 def test_in_place_kill_keeps_survivors(tmp):
     """4 workers, rank 2 SIGKILLed mid-epoch (step 20: epoch 1's 4th): the survivors keep
     their processes (pids unchanged), regroup at world 3 from memory (no checkpoint read),
@@ -80,6 +81,7 @@ def test_in_place_kill_keeps_survivors(tmp):
     assert_gone(out)
 
 
+@pytest.mark.training
 def test_last_checkpoint_after_a_change_waited(tmp):
     """The job's last report (with its checkpoint) comes while a replacement waits to join:
     the job has moved to a newer round, so that checkpoint is refused in the old one. The
@@ -101,6 +103,7 @@ def test_last_checkpoint_after_a_change_waited(tmp):
     assert_gone(out)
 
 
+@pytest.mark.training
 def test_restart_mode_same_script(tmp):
     """The same script with FailureConfig(recovery="restart"): every worker restarts from
     the last committed checkpoint (on disk) and the counts are still exact."""
@@ -113,6 +116,7 @@ def test_restart_mode_same_script(tmp):
     assert all(p.endswith("step-%d" % (16 * (int(e) + 1))) for _, e, p in resumed), out
 
 
+@pytest.mark.training
 def test_train_func_raising(tmp):
     """A training function that raises on rank 1: fit() raises TrainingFailedError naming
     rank 1 and its node, with the worker's traceback; every worker stops."""
@@ -162,6 +166,7 @@ def test_model_on_a_device_the_build_cannot_serve(tmp):
     assert "is on meta: this build serves CPU tensors only" in out, out
 
 
+@pytest.mark.training
 @pytest.mark.skipif(not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")),
                     reason="no Fashion-MNIST in " + FMNIST + " (dataset-fashion-mnist)")
 def test_example_accuracy_after_a_kill(tmp):
@@ -187,6 +192,7 @@ def children(pid):
     return out
 
 
+@pytest.mark.training
 def test_preemption_loses_no_step(tmp):
     """SIGTERM to the launcher fit() started (what a preemption notice does): every worker
     takes the last checkpoint at the step it reached (mid-epoch, not the last epoch's end)
@@ -306,6 +312,7 @@ def final_counts_ok(tmp, epochs):
     return step, bool((counts == epochs).all())
 
 
+@pytest.mark.training
 def test_node_loss_in_place_at_max_restarts_0(tmp, etcd):
     """Two nodes x 2 workers, --max-restarts=0; node b's agent SIGKILLed while the job
     trains: after the lease TTL node a's workers regroup in their own processes at world 2
@@ -336,6 +343,7 @@ def test_node_loss_in_place_at_max_restarts_0(tmp, etcd):
     assert_gone(out + b.out())
 
 
+@pytest.mark.training
 def test_node_joins_in_place(tmp, etcd):
     """Node a trains alone (world 2) at --nnodes=1:2; node b comes: its workers join the
     running job in place (world 4), receive the state from node a's (at the last epoch's
