@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.join(SRC, "python"))
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "training: runs a whole training program under the launcher (minutes of "
-        "torch on 2 cores); the sanitized build's ctest leaves these out (-m 'not training')")
+        "markers", "training: runs a training program (TorchTrainer's or an example) under "
+        "the launcher: torch in every worker, on 2 cores; the sanitized build's ctest leaves "
+        "these out (-m 'not training'), the Release build's runs them")
 
 
 @pytest.fixture

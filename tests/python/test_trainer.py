@@ -47,6 +47,7 @@ def assert_gone(out):
             assert b"worker_ddp" not in f.read(), "worker %d is still running" % pid
 
 
+@pytest.mark.training
 def test_fault_free(tmp):
     rc, out = fit(tmp, "plain", "--workers", 2, "--epochs", 2)
     assert rc == 0, out
@@ -134,6 +135,7 @@ def run_snippet(tmp, code):
     return p.returncode, p.stdout.decode(errors="replace")
 
 
+@pytest.mark.training
 def test_bad_input_said_at_once(tmp):
     rc, out = run_snippet(tmp, "from regroup import train\ntrain.ScalingConfig(num_workers=0)")
     assert rc != 0 and "ValueError" in out and "at least one worker" in out, out
@@ -150,6 +152,7 @@ def test_bad_input_said_at_once(tmp):
     assert "worker pid=" not in out, out
 
 
+@pytest.mark.training
 def test_model_on_a_device_the_build_cannot_serve(tmp):
     script = os.path.join(tmp, "meta.py")
     with open(script, "w") as f:
