@@ -236,8 +236,10 @@ START_TEST(fenced_report)
     ck_assert(rdzv_keys_ckpt_latest(&keys, latest, sizeof(latest)) == RG_OK);
 
     ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
-    /* The checkpoint of step 1 lands in the background: the next report surfaces it. */
+    /* The checkpoint of step 1 lands in the background, then its ckpt/latest record (both
+     * before the job moves on: a record written after round 6 is refused, as it should be). */
     TEST_WAIT_UNTIL(step_listed(root, 1), 10000, "step 1 committed");
+    TEST_WAIT_UNTIL(value_has(latest, "1"), 10000, "ckpt/latest does not record step 1");
     get_value(pkey, got, sizeof(got));
     ck_assert_msg(strstr(got, "\"step\":1") != NULL, "%s", got);
 

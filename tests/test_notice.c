@@ -129,6 +129,7 @@ typedef struct {
 } job_t;
 
 static char ep_arg[600];
+static char stop_arg[400];   /* the jobs' --stop-file */
 
 /* Two agents of job `id` on 127.0.0.1, both in its first round at world size 2 once this
  * returns, and a first checkpoint committed. b_notice is B's --preemption-notice; extra an
@@ -141,17 +142,18 @@ static job_t start_pair(const char *id, const char *b_notice, const char *b_extr
     job_t j;
     test_etcd_up(&etcd, &(test_etcd_opts_t){.extra_flags = TEST_ETCD_FAST});
     snprintf(ep_arg, sizeof(ep_arg), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    test_stop_path(dir, stop_arg, sizeof(stop_arg));
     snprintf(rid, sizeof(rid), "--rdzv-id=%s", id);
     snprintf(bn, sizeof(bn), "--preemption-notice=%s", b_notice);
     char *a_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--nproc-per-node=1",
                       "--max-restarts=0", "--rdzv-conf=last_call_timeout=3", RG_EXACT_BIN,
                       "--epochs", (char *)epochs, "--work", (char *)work, "--pad-kb",
-                      (char *)pad_kb, NULL};
+                      (char *)pad_kb, "--stop-file", stop_arg, NULL};
     char *b_argv[] = {REGROUP_BIN, ep_arg, rid, "--nnodes=1:2", "--nproc-per-node=1",
                       "--max-restarts=0", "--rdzv-conf=last_call_timeout=3", bn,
                       b_extra ? (char *)b_extra : "--grace-period=5", RG_EXACT_BIN,
                       "--epochs", (char *)epochs, "--work", (char *)work, "--pad-kb",
-                      (char *)pad_kb, NULL};
+                      (char *)pad_kb, "--stop-file", stop_arg, NULL};
     unsetenv("REGROUP_METADATA_URL");
     j.a = test_spawn_logged(dir, "a", a_argv);
     if (url[0] != '\0') {
@@ -169,6 +171,9 @@ static job_t start_pair(const char *id, const char *b_notice, const char *b_extr
  * size 1. */
 static void check_no_step_lost(const job_t *j)
 {
+    /* The survivor resumed alone: the rest of its run would only take time. */
+    test_wait_log(dir, "a", "resumed from step ", 120000);
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(j->a, 240000), 0);
     long left = log_number("a", "left at step ");
     if (left < 0) {
@@ -273,6 +278,8 @@ START_TEST(test_notice_too_late_falls_back)
     job_t j = start_pair("late", "aws", NULL, "40", "20000", "0");
     meta_state("notice -5");
     ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
+    test_wait_log(dir, "a", "resumed from step ", 120000);
+    test_end_training(dir);
     ck_assert_int_eq(test_wait_exit(j.a, 240000), 0);
     ck_assert_msg(!test_log_has(dir, "a", "checkpoint committed") &&
                       !test_log_has(dir, "b", "checkpoint committed"),

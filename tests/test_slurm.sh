@@ -262,7 +262,7 @@ cat >"$tmp/requeue.sh" <<EOF
 echo "batch start restarts=\${SLURM_RESTART_COUNT:-0}"
 REGROUP_CKPT_DIR=$tmp/ckpt exec srun "$regroup" --nproc-per-node=2 \\
     --rdzv-endpoint=127.0.0.1:$etcd_port --rdzv-conf=last_call_timeout=0.2 \\
-    "$rg_exact" --epochs 300 --ckpt-every 50 --work 20000
+    "$rg_exact" --epochs 300 --ckpt-every 50 --work 20000 --stop-file "$tmp/stop"
 EOF
 chmod +x "$tmp/requeue.sh"
 rjob=$(timeout 20 sbatch --parsable --requeue -N1 -t 5 --open-mode=append \
@@ -272,6 +272,11 @@ rjob=$(timeout 20 sbatch --parsable --requeue -N1 -t 5 --open-mode=append \
 up_within 60 "$ctld_pid" "compgen -G '$tmp/ckpt/step-*/MANIFEST' >/dev/null" ||
     { cat "$tmp/requeue.out"; fail "job $rjob committed no checkpoint in 60 s"; }
 timeout 20 scontrol requeue "$rjob" || fail "scontrol requeue $rjob"
+# Once it resumed, the job ends at its next epoch boundary (--stop-file): the rest of its 300
+# epochs would only take time.
+up_within 240 "$ctld_pid" "grep -q 'resumed from step' '$tmp/requeue.out'" ||
+    { cat "$tmp/requeue.out"; fail "job $rjob did not resume within 240 s of its requeue"; }
+: >"$tmp/stop"
 job_state() {
     scontrol -o show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'
 }
