@@ -864,6 +864,9 @@ int main(int argc, char **argv)
 {
     options_t o;
     rg_train_ctx_t *ctx;
+    /* A line at a time, into a file or a pipe too: tests and the chaos runner read its lines
+     * ("resumed from step ...") while it runs. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int rc = parse(argc, argv, &o);
     if (rc != 0) {
         return rc;
