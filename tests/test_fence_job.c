@@ -44,15 +44,17 @@ static void teardown(void)
     test_rmtree(dir);
 }
 
-/* Two agents of job `id` with lease_ttl=2; extra is one more option (may be NULL). */
-static void start_pair(const char *id, const char *extra, pid_t *a, pid_t *b)
+/* Two agents of job `id` with the lease TTL given (s); extra is one more option (may be
+ * NULL). */
+static void start_pair(const char *id, int lease_ttl, const char *extra, pid_t *a, pid_t *b)
 {
     char ep[600];
     char rid[100];
+    char conf[100];
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     snprintf(rid, sizeof(rid), "--rdzv-id=%s", id);
-    char *argv[] = {REGROUP_BIN, ep, rid, "--nnodes=1:2", "--nproc-per-node=2",
-                    "--rdzv-conf=last_call_timeout=1,lease_ttl=2",
+    snprintf(conf, sizeof(conf), "--rdzv-conf=last_call_timeout=1,lease_ttl=%d", lease_ttl);
+    char *argv[] = {REGROUP_BIN, ep, rid, "--nnodes=1:2", "--nproc-per-node=2", conf,
                     extra ? (char *)extra : "--monitor-interval=0.1", RG_EXACT_BIN,
                     "--epochs", "20", "--work", "100000", "--stop-file", stop_path, NULL};
     *a = test_spawn_logged(dir, "a", argv);
@@ -109,7 +111,7 @@ START_TEST(test_stopped_agent_is_fenced)
     pid_t a;
     pid_t b;
 
-    start_pair("stopped", NULL, &a, &b);
+    start_pair("stopped", 2, NULL, &a, &b);
     ck_assert_int_eq(kill(b, SIGSTOP), 0);
     /* Past its lease TTL the other agent regroups without it. */
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "ranks 0..1 of 2,"), 60000,
@@ -138,7 +140,9 @@ START_TEST(test_node_loss_not_counted)
     pid_t b;
 
     pid_t w[2];
-    start_pair("lost", "--max-restarts=0", &a, &b);
+    /* A TTL well beyond the time the survivor's workers take to fail, even under the
+     * sanitizers (at 2 s its agent once found the node lost first: no failure to attribute). */
+    start_pair("lost", 6, "--max-restarts=0", &a, &b);
     ck_assert_int_eq(workers_of(b, w, 2), 2);
     /* The whole node at once: its agent, then its workers (they would die with it by
      * PDEATHSIG; killing them too makes the others' workers fail at once, well before the
@@ -176,7 +180,7 @@ START_TEST(test_preemption_not_counted)
     pid_t a;
     pid_t b;
 
-    start_pair("preempted", "--max-restarts=0", &a, &b);
+    start_pair("preempted", 2, "--max-restarts=0", &a, &b);
     ck_assert_int_eq(kill(b, SIGTERM), 0);
     ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
     test_wait_log(dir, "a", "ranks 0..1 of 2,", 60000);
