@@ -323,6 +323,20 @@ START_TEST(test_create_bad_params)
 }
 END_TEST
 
+/* No rank's address is left under prefix (a failed creation takes its own back). */
+static void assert_no_addresses(const char *prefix)
+{
+    rg_etcd_t *etcd = NULL;
+    rg_etcd_params_t ep = {.endpoints = comm_test_etcd()};
+    ck_assert_int_eq(rg_etcd_create(&ep, &etcd), RG_OK);
+    rg_etcd_range_req_t rq = {.key = prefix, .prefix = true};
+    rg_etcd_range_t res;
+    ck_assert_int_eq(rg_etcd_range(etcd, &rq, rg_deadline_in_ms(5000), &res), RG_OK);
+    ck_assert_msg(res.n_kvs == 0, "%zu addresses left under %s", res.n_kvs, prefix);
+    rg_etcd_range_cleanup(&res);
+    rg_etcd_destroy(etcd);
+}
+
 /* One rank of two: the other never publishes, so creation times out at its deadline, and the
  * address it published is deleted again. */
 START_TEST(test_create_times_out)
@@ -341,15 +355,7 @@ START_TEST(test_create_times_out)
     /* The failed attempt took its address back: it named a UCX worker that is gone (before,
      * a peer's next attempt read it, failed to connect, and the two could keep missing each
      * other's current address: a regroup livelocked under ASan). */
-    rg_etcd_t *etcd = NULL;
-    rg_etcd_params_t ep = {.endpoints = comm_test_etcd()};
-    ck_assert_int_eq(rg_etcd_create(&ep, &etcd), RG_OK);
-    rg_etcd_range_req_t rq = {.key = "/regroup/lonely/rounds/0/store/comm/", .prefix = true};
-    rg_etcd_range_t res;
-    ck_assert_int_eq(rg_etcd_range(etcd, &rq, rg_deadline_in_ms(5000), &res), RG_OK);
-    ck_assert_msg(res.n_kvs == 0, "%zu addresses left under the prefix", res.n_kvs);
-    rg_etcd_range_cleanup(&res);
-    rg_etcd_destroy(etcd);
+    assert_no_addresses("/regroup/lonely/rounds/0/store/comm/");
 }
 END_TEST
 
@@ -381,15 +387,7 @@ START_TEST(test_create_abandoned)
     ck_assert_int_eq(asked, 3);
     ck_assert_msg(strstr(rg_last_error(), "the caller moved on") != NULL, "%s", rg_last_error());
     ck_assert_ptr_null(comm);
-    rg_etcd_t *etcd = NULL;
-    rg_etcd_params_t ep = {.endpoints = comm_test_etcd()};
-    ck_assert_int_eq(rg_etcd_create(&ep, &etcd), RG_OK);
-    rg_etcd_range_req_t rq = {.key = "/regroup/abandoned/rounds/0/store/comm/", .prefix = true};
-    rg_etcd_range_t res;
-    ck_assert_int_eq(rg_etcd_range(etcd, &rq, rg_deadline_in_ms(5000), &res), RG_OK);
-    ck_assert_msg(res.n_kvs == 0, "%zu addresses left under the prefix", res.n_kvs);
-    rg_etcd_range_cleanup(&res);
-    rg_etcd_destroy(etcd);
+    assert_no_addresses("/regroup/abandoned/rounds/0/store/comm/");
 }
 END_TEST
 
