@@ -3,6 +3,7 @@
 #   run_pytest.sh PYTHON TEST_DIR [PYTEST ARGS...]
 # Exits 77 (skipped), saying why, when PYTHON lacks pytest or NumPy. RG_TEST_PRELOAD (the
 # sanitized build's runtimes) is preloaded into every Python process the tests start.
+# The 15 slowest tests are listed at the end (what CI time goes to).
 set -euo pipefail
 python=$1
 dir=$2
@@ -16,4 +17,4 @@ if [[ -n ${RG_TEST_PRELOAD:-} ]]; then
     export LD_PRELOAD=${RG_TEST_PRELOAD}${LD_PRELOAD:+:$LD_PRELOAD}
 fi
 cd "$dir"
-exec "$python" -m pytest -q -p no:cacheprovider -o addopts="" "$@" .
+exec "$python" -m pytest -q -p no:cacheprovider -o addopts="" --durations=15 "$@" .
