@@ -307,6 +307,18 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         }
         if (ag->ip.enabled) {
             launcher_inplace_read(&ag->ip, &ag->ws);
+            if (ag->ip.restart_asked && lv.own) {
+                /* This node leaves: it takes no part in the restart (its workers' last
+                 * checkpoint is the one they took, or none could be); the nodes that stay
+                 * find the same failure in their own regroup and ask for it themselves.
+                 * Before, it restarted the job and trained on in fresh workers as if it
+                 * had never been told to leave. */
+                rg_info("leaving: a worker could not recover in place; this node leaves "
+                        "rather than restart the job");
+                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+                launcher_leave_stop(&lv);
+                return agent_left(ag, &lv);
+            }
             if (ag->ip.restart_asked) {
                 return inplace_restart(ag, "a worker could not recover in place");
             }
