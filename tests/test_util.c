@@ -3,6 +3,7 @@
 
 #include <regroup/ckpt.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -118,6 +119,7 @@ int test_wait_exit(pid_t pid, int timeout_ms)
     if (rc < 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        test_dump_job_logs();
         ck_abort_msg("pid %d did not exit within %d ms", (int)pid, timeout_ms);
     }
     return rc;
@@ -167,9 +169,55 @@ bool test_pid_gone(pid_t pid, int timeout_ms)
 
 /* ---- a directory of jobs: one log per process, by name -------------------------------- */
 
+/* The directory of the running test's jobs, for test_dump_job_logs ("" if none). */
+static char job_dir[512];
+
+#define DUMP_MAX_FILES 8
+#define DUMP_TAIL_BYTES 6000
+
+void test_dump_job_logs(void)
+{
+    DIR *d = job_dir[0] != '\0' ? opendir(job_dir) : NULL;
+    if (d == NULL) {
+        return;
+    }
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d)) != NULL && files < DUMP_MAX_FILES) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".log") != 0) {
+            continue;
+        }
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/%s", job_dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue;
+        }
+        files++;
+        long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+        long from = size > DUMP_TAIL_BYTES ? size - DUMP_TAIL_BYTES : 0;
+        fprintf(stderr, "---- the end of %s (%ld bytes) ----\n", path, size);
+        if (size >= 0 && fseek(f, from, SEEK_SET) == 0) {
+            char line[1024];
+            bool first = from > 0;   /* a line cut by the seek */
+            while (fgets(line, sizeof(line), f) != NULL) {
+                if (!first) {
+                    fputs(line, stderr);
+                }
+                first = first && strchr(line, '\n') == NULL;
+            }
+        }
+        fclose(f);
+    }
+    closedir(d);
+    fflush(stderr);
+}
+
 void test_job_dirs(char *dir, size_t dir_cap, char *ckpt, size_t ckpt_cap, const char *tag)
 {
     test_tmpdir(dir, dir_cap, tag);
+    snprintf(job_dir, sizeof(job_dir), "%s", dir);
     int n = snprintf(ckpt, ckpt_cap, "%s/ckpt", dir);
     ck_assert_msg(n > 0 && (size_t)n < ckpt_cap, "%s/ckpt too long for %zu bytes", dir,
                   ckpt_cap);

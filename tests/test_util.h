@@ -46,10 +46,17 @@ void test_rmtree(const char *path);   /* kept (and named) under $REGROUP_KEEP_TE
     do { \
         rg_deadline_t test_until_ = rg_deadline_in_ms(timeout_ms); \
         while (!(cond)) { \
-            ck_assert_msg(!rg_deadline_passed(test_until_), __VA_ARGS__); \
+            if (rg_deadline_passed(test_until_)) { \
+                test_dump_job_logs(); \
+                ck_abort_msg(__VA_ARGS__); \
+            } \
             rg_sleep_ms(TEST_POLL_MS); \
         } \
     } while (0)
+
+/* The end of every log in the test's job directory (test_job_dirs), to stderr: what a
+ * failed wait shows of the jobs it waited on (CI keeps no directory). */
+void test_dump_job_logs(void);
 
 #define TEST_HOLD_POLL_MS 100
 
