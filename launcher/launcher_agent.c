@@ -315,8 +315,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                  * had never been told to leave. */
                 rg_info("leaving: a worker could not recover in place; this node leaves "
                         "rather than restart the job");
-                launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
-                launcher_leave_stop(&lv);
+                launcher_leave_stop(&lv);   /* within what is left of the notice */
                 return agent_left(ag, &lv);
             }
             if (ag->ip.restart_asked) {
