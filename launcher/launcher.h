@@ -20,6 +20,9 @@
  * launcher_opts.c    the command line (dashed and underscored spellings) into the parameters;
  *                    the subcommands' arguments read the same way (launcher_sub_arg).
  * launcher_workers.c starts, watches, pumps the output of and stops the worker processes.
+ * launcher_fork.c    --preload: the fork server (forkserver.py) that forks a Python
+ *                    program's workers from an interpreter that imported its modules once;
+ *                    the agent, a child subreaper while it runs, is each worker's parent.
  * launcher_agent.c   the agent: rendezvous, run a round, react to failures and signals.
  * launcher_inplace.c --recovery=in-place: the workers' pipe, replacing one worker, and
  *                    joining the next round while the workers live.
@@ -53,7 +56,7 @@ typedef enum {
     RG_AGENT_RECOVERY,
     RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
     RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
-    RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
+    RG_AGENT_PRELOAD, RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
     RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
 } rg_agent_field_t;
@@ -134,6 +137,8 @@ typedef struct {
     char        local_addr[256];    /* "" = 127.0.0.1 for a loopback etcd, else the host name */
     bool        no_python;
     bool        module;             /* run argv[0] as a python module */
+    char        preload[512];       /* --preload: modules a fork server imports once, comma
+                                     * separated; "": workers are fork and exec of PROGRAM */
     /* the program, borrowed for the run: argv[0..argc-1], argc >= 1 */
     int         argc;
     char *const *argv;
@@ -265,10 +270,52 @@ typedef struct {
     uint64_t stale_cpu;         /* the beating process's CPU ticks then */
 } launcher_worker_t;
 
+/* The fork server of --preload (launcher_fork.c). */
+typedef struct {
+    pid_t pid;                  /* 0: none (or gone: workers start by exec) */
+    int   sock;                 /* the agent's end of its socket, -1: none */
+    bool  ready;                /* it said it imported the modules */
+    char  error[1024];          /* why it could not, once known: what each start says */
+    int   prev_subreaper;       /* PR_GET_CHILD_SUBREAPER before it started */
+    bool  subreaper_set;
+} launcher_fork_t;
+
+/* A Python PROGRAM as a fork server runs it: `python3 -u SCRIPT.py`, `python3 -u -m MOD`, or
+ * with --no-python `PYTHON [-u -B -s -E] SCRIPT|-m MOD`; then cfg->argv[first_arg..]. */
+typedef struct {
+    const char *interp;
+    const char *flags[4];
+    int         n_flags;
+    bool        module;
+    const char *target;         /* the script or the module */
+    int         first_arg;
+} launcher_pycmd_t;
+
+rg_status_t launcher_python_cmd(const rg_agent_params_t *p, launcher_pycmd_t *c);
+/* RG_OK, or RG_EINVAL saying why p->preload or the program does not go together. */
+rg_status_t launcher_preload_check(const rg_agent_params_t *p);
+/* Starts the server (from the agent's main thread: its workers become that thread's
+ * children) with envp, the workers' common environment, and makes the agent a child
+ * subreaper; it imports cfg->preload while the agent goes on. */
+rg_status_t launcher_fork_start(launcher_fork_t *f, const rg_agent_params_t *cfg,
+                                char **envp, const sigset_t *child_mask);
+bool        launcher_fork_usable(const launcher_fork_t *f);
+/* Forks a worker with envp, mask and cpus (NULL: any); fds: its stdout, stderr and start
+ * pipe write ends, then n_keep descriptors it gets at targets[i]. RG_OK and *pid (the
+ * agent's child by the time the start pipe says so); RG_EINVAL when the modules cannot be
+ * imported (the job's error); RG_EAGAIN: start it by exec instead. */
+rg_status_t launcher_fork_spawn(launcher_fork_t *f, const rg_agent_params_t *cfg, char **envp,
+                                const sigset_t *mask, const cpu_set_t *cpus, const int *fds,
+                                const int *targets, int n_keep, pid_t *pid);
+/* True if pid (reaped with status) was the server. */
+bool        launcher_fork_reaped(launcher_fork_t *f, pid_t pid, int status);
+void        launcher_fork_stop(launcher_fork_t *f);
+
 typedef struct {
     launcher_worker_t w[LAUNCHER_MAX_NPROC];
     int               n;
     int               running;
+    launcher_fork_t   fork;
     char              run_dir[256]; /* per-agent temp dir: error files */
 } launcher_workers_t;
 
@@ -309,6 +356,9 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
 /* Starts worker i again (a replacement, in place), with sp's round in its environment. */
 rg_status_t launcher_workers_respawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
                                      const sigset_t *child_mask, int i);
+/* Starts the fork server when cfg->preload names modules (else nothing). */
+rg_status_t launcher_workers_fork_start(launcher_workers_t *ws, const rg_agent_params_t *cfg,
+                                        const sigset_t *child_mask);
 /* Reaps exited workers. Sets *failed to the index of the first worker that failed (or -1),
  * and returns the number still running. */
 int  launcher_workers_reap(launcher_workers_t *ws, int *failed);

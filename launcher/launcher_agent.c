@@ -865,7 +865,14 @@ rg_status_t rg_agent_run(const rg_agent_params_t *cfg, rg_agent_result_t *result
         st = rg_error(RG_ESYS, "signalfd: %s", strerror(errno));
         fprintf(stderr, "regroup: %s\n", rg_last_error());
     } else {
-        st = agent_main(ag);
+        /* First: the modules of --preload import while the rendezvous goes on. */
+        st = launcher_workers_fork_start(&ag->ws, cfg, &ag->child_mask);
+        if (st == RG_OK) {
+            st = agent_main(ag);
+        } else {
+            fprintf(stderr, "regroup: %s\n", rg_last_error());
+        }
+        launcher_fork_stop(&ag->ws.fork);
         close(ag->sigfd);
     }
     sigaction(SIGPIPE, &old_pipe, NULL);

@@ -14,7 +14,7 @@
 typedef enum {
     O_NNODES, O_NPROC, O_RDZV_BACKEND, O_RDZV_ENDPOINT, O_RDZV_ID, O_RDZV_CONF, O_STANDALONE,
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
-    O_NO_PYTHON, O_MODULE, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
+    O_NO_PYTHON, O_MODULE, O_PRELOAD, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
     O_START_METHOD, O_RUN_PATH, O_LOGS_SPECS, O_RANKS_FILTER, O_NUMA, O_EVENT_LOG,
     O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_RECOVERY, O_COUNT
 } opt_id_t;
@@ -45,6 +45,7 @@ static const opt_t opts[] = {
     {"local-addr", 0, O_LOCAL_ADDR, true, "REGROUP_LOCAL_ADDR", RG_AGENT_LOCAL_ADDR},
     {"no-python", 0, O_NO_PYTHON, false, NULL, RG_AGENT_NO_PYTHON},
     {"module", 'm', O_MODULE, false, NULL, RG_AGENT_MODULE},
+    {"preload", 0, O_PRELOAD, true, "REGROUP_PRELOAD", RG_AGENT_PRELOAD},
     {"node-rank", 0, O_NODE_RANK, true, NULL, -1},
     {"help", 'h', O_HELP, false, NULL, -1},
     {"print-config", 0, O_PRINT_CONFIG, false, NULL, -1},
@@ -68,7 +69,7 @@ static const opt_t opts[] = {
 static bool has_pet(const opt_t *o)
 {
     return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE &&
-           o->id != O_NOTICE && o->id != O_RECOVERY;
+           o->id != O_NOTICE && o->id != O_RECOVERY && o->id != O_PRELOAD;
 }
 
 /* "PET_NPROC_PER_NODE" for nproc-per-node. */
@@ -125,6 +126,9 @@ void launcher_usage(FILE *out)
 "                            else the host name)\n"
 "  --no-python               run PROGRAM as is even if it ends in .py\n"
 "  -m, --module              run PROGRAM as a python module (python3 -m)\n"
+"  --preload=MOD[,MOD...]    fork each worker of a Python PROGRAM from one interpreter that\n"
+"                            imported these modules once (e.g. torch): no worker, restarted\n"
+"                            or replacing one, imports them again\n"
 "  --node-rank=N             ignored, with a warning: node ranks come from the rendezvous\n"
 "  --local-ranks-filter=0,1  only these local ranks' output on the console (files: all)\n"
 "  --numa-binding=node|socket|exclusive|core-complex  bind each local rank's CPUs\n"
@@ -477,6 +481,7 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
     case O_LOCAL_ADDR: ok = store(p->local_addr, sizeof(p->local_addr), v); break;
     case O_NO_PYTHON: p->no_python = true; break;
     case O_MODULE: p->module = true; break;
+    case O_PRELOAD: ok = store(p->preload, sizeof(p->preload), v); break;
     case O_NODE_RANK: {
         int n;
         if (!parse_int(v, &n) || n < 0 || n > RG_RDZV_MAX_NODES) {

@@ -41,6 +41,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_RANKS_FILTER] = {"local_ranks_filter", "local-ranks-filter", NULL, K_STR, true},
     [RG_AGENT_NUMA] = {"numa_binding", "numa-binding", NULL, K_STR, true},
     [RG_AGENT_NOTICE] = {"preemption_notice", "preemption-notice", NULL, K_STR, true},
+    [RG_AGENT_PRELOAD] = {"preload", "preload", NULL, K_STR, true},
     [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
     [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
     [RG_AGENT_USER] = {"user", "rdzv-conf", "user", K_STR, false},
@@ -176,6 +177,7 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_ROLE: snprintf(buf, len, "%s", p->role); break;
     case RG_AGENT_LOG_DIR: snprintf(buf, len, "%s", p->log_dir); break;
     case RG_AGENT_LOCAL_ADDR: snprintf(buf, len, "%s", p->local_addr); break;
+    case RG_AGENT_PRELOAD: snprintf(buf, len, "%s", p->preload); break;
     case RG_AGENT_USER: snprintf(buf, len, "%s", p->user); break;
     case RG_AGENT_CACERT: snprintf(buf, len, "%s", p->cacert); break;
     case RG_AGENT_CERT: snprintf(buf, len, "%s", p->cert); break;
@@ -313,6 +315,9 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     }
     if (p->notice != RG_AGENT_NOTICE_NONE && launcher_metadata_url_check() != RG_OK) {
         return RG_EINVAL;   /* the message names the variable */
+    }
+    if (launcher_preload_check(p) != RG_OK) {
+        return RG_EINVAL;   /* the message names the option */
     }
     if (p->numa != RG_AGENT_NUMA_NONE) {
         /* Said now rather than when the workers start: fewer cores than local ranks. */

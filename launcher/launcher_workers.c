@@ -70,13 +70,13 @@ static bool env_in(char *const *vars, int n, const char *entry)
 
 extern char **environ;
 
+static rg_status_t env_finish(worker_env_t *e, const rg_agent_params_t *cfg);
+
 static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
                              const launcher_worker_t *w)
 {
     const rg_agent_params_t *cfg = sp->cfg;
     const rg_rdzv_assignment_t *a = sp->asg;
-    size_t n_environ = 0;
-    size_t k = 0;
 
     memset(e, 0, sizeof(*e));
     /* A newcomer (a replacement, a joining node's worker) is in no round: rg_train_regroup
@@ -153,6 +153,15 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
             env_add(e, RG_NOTICE_JOIN_MS_ENV, "%lld", 2 * (long long)cfg->join_timeout_ms);
         }
     }
+    return env_finish(e, cfg);
+}
+
+/* What every worker's environment has, after e's own variables: envp. */
+static rg_status_t env_finish(worker_env_t *e, const rg_agent_params_t *cfg)
+{
+    size_t n_environ = 0;
+    size_t k = 0;
+
     if (getenv("PYTHONUNBUFFERED") == NULL) {
         env_add(e, "PYTHONUNBUFFERED", "1");
     }
@@ -355,6 +364,53 @@ rg_status_t launcher_workers_start(launcher_workers_t *ws, const launcher_spawn_
     return st;
 }
 
+/* Worker w through the fork server, if the agent has one: what child_exec does, by the
+ * server. RG_EAGAIN: it has none, or gave up. */
+static rg_status_t fork_server_spawn(launcher_workers_t *ws, const launcher_spawn_t *sp,
+                                     const worker_env_t *env, const sigset_t *child_mask,
+                                     launcher_worker_t *w, int out_w, int err_w, int ex_w)
+{
+    int fds[3 + 3 + RG_TABLE_SLOTS_MAX] = {out_w, err_w, ex_w};
+    int targets[3 + RG_TABLE_SLOTS_MAX];
+    int n = 0;
+    const int kept[] = {sp->notice_fd, sp->beat_fd, sp->pipe_fd};
+
+    if (!launcher_fork_usable(&ws->fork) && ws->fork.error[0] == '\0') {
+        return RG_EAGAIN;
+    }
+    for (size_t i = 0; i < RG_ARRAY_SIZE(kept); i++) {
+        if (kept[i] >= 0) {
+            fds[3 + n] = targets[n] = kept[i];
+            n++;
+        }
+    }
+    for (int i = 0; i < sp->n_table_fds && i < RG_TABLE_SLOTS_MAX; i++) {
+        fds[3 + n] = targets[n] = sp->table_fds[i];
+        n++;
+    }
+    return launcher_fork_spawn(&ws->fork, sp->cfg, env->envp, child_mask,
+                               w->bind ? &w->cpus : NULL, fds, targets, n, &w->pid);
+}
+
+rg_status_t launcher_workers_fork_start(launcher_workers_t *ws, const rg_agent_params_t *cfg,
+                                        const sigset_t *child_mask)
+{
+    worker_env_t env;
+
+    memset(&ws->fork, 0, sizeof(ws->fork));
+    ws->fork.sock = -1;
+    if (cfg->preload[0] == '\0') {
+        return RG_OK;
+    }
+    memset(&env, 0, sizeof(env));
+    rg_status_t st = env_finish(&env, cfg);
+    if (st == RG_OK) {
+        st = launcher_fork_start(&ws->fork, cfg, env.envp, child_mask);
+    }
+    env_free(&env);
+    return st;
+}
+
 /* Starts worker i (local rank i) with args; cpus: its binding, or NULL. */
 static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
                              const sigset_t *child_mask, char **args, const cpu_set_t *cpus,
@@ -409,23 +465,39 @@ static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
         worker_close(w, cfg);   /* its logs */
         return st;
     }
-    fflush(stdout);
-    fflush(stderr);
-    w->pid = fork();
-    if (w->pid == 0) {
-        child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
-                   w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd, sp->pipe_fd,
-                   sp->table_fds, sp->n_table_fds);
+    st = fork_server_spawn(ws, sp, &env, child_mask, w, out[1], err[1], ex[1]);
+    launcher_pycmd_t py;
+    const char *program = args[0];
+    if (st == RG_OK && launcher_python_cmd(cfg, &py) == RG_OK) {
+        program = py.target;   /* what the server could not open */
     }
-    env_free(&env);
-    if (w->pid < 0) {
-        st = rg_error(RG_ESYS, "cannot start workers: fork: %s", strerror(errno));
+    if (st == RG_EINVAL) {   /* the modules cannot be imported */
+        env_free(&env);
         close_pipes(out, err, ex);
         worker_close(w, cfg);
         return st;
     }
-    /* Also from the parent: no window in which a signal to the group misses it. */
-    setpgid(w->pid, w->pid);
+    if (st != RG_OK) {   /* no server (or it cannot take this one): fork and exec */
+        fflush(stdout);
+        fflush(stderr);
+        w->pid = fork();
+        if (w->pid == 0) {
+            child_exec(args, env.envp, out[1], err[1], ex[1], agent, child_mask,
+                       w->bind ? &w->cpus : NULL, sp->notice_fd, sp->beat_fd, sp->pipe_fd,
+                       sp->table_fds, sp->n_table_fds);
+        }
+        if (w->pid < 0) {
+            st = rg_error(RG_ESYS, "cannot start workers: fork: %s", strerror(errno));
+            env_free(&env);
+            close_pipes(out, err, ex);
+            worker_close(w, cfg);
+            return st;
+        }
+        /* Also from the parent: no window in which a signal to the group misses it. (A
+         * worker of the fork server sets its group before its start pipe says it runs.) */
+        setpgid(w->pid, w->pid);
+    }
+    env_free(&env);
     close(out[1]);
     close(err[1]);
     close(ex[1]);
@@ -442,7 +514,7 @@ static rg_status_t spawn_one(launcher_workers_t *ws, const launcher_spawn_t *sp,
             return rg_error(RG_ESYS, "--numa-binding: cannot bind local rank %d to its "
                             "CPUs: %s", i, strerror(-exec_errno));
         }
-        return rg_error(RG_ESYS, "cannot run %s: %s", args[0], strerror(exec_errno));
+        return rg_error(RG_ESYS, "cannot run %s: %s", program, strerror(exec_errno));
     }
     w->out_fd = out[0];
     w->err_fd = err[0];
@@ -588,7 +660,10 @@ int launcher_workers_reap(launcher_workers_t *ws, int *failed)
 
     *failed = -1;
     /* Bounded by the number of our children. */
-    for (int k = 0; k <= ws->n && (pid = waitpid(-1, &st, WNOHANG)) > 0; k++) {
+    for (int k = 0; k <= ws->n + 1 && (pid = waitpid(-1, &st, WNOHANG)) > 0; k++) {
+        if (launcher_fork_reaped(&ws->fork, pid, st)) {
+            continue;
+        }
         for (int i = 0; i < ws->n; i++) {
             launcher_worker_t *w = &ws->w[i];
             if (w->pid == pid && w->running) {

@@ -638,6 +638,178 @@ START_TEST(test_program_that_cannot_run)
 }
 END_TEST
 
+/* ---- --preload: workers forked from a fork server that imported the modules ---------- */
+
+#define PY_WORKER RG_TEST_DATA "/rg_test_forked.py"
+
+typedef struct {
+    int   restart;
+    int   rank;
+    pid_t pid;
+    pid_t ppid;
+    int   preloaded;
+    char  arg[64];
+    int   fds_ok;
+    int   path0_ok;
+} py_start_t;
+
+/* rg_test_forked.py's starts, from dir/events-py; returns how many (at most max). */
+static int read_py_starts(py_start_t *out, int max)
+{
+    char path[300];
+    char line[512];
+    int n = 0;
+    snprintf(path, sizeof(path), "%s/events-py", dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (n < max && fgets(line, sizeof(line), f) != NULL) {
+        py_start_t s;
+        int pid;
+        int ppid;
+        if (sscanf(line, "start %d %d %d %d %d %63s %d %d", &s.restart, &s.rank, &pid, &ppid,
+                   &s.preloaded, s.arg, &s.fds_ok, &s.path0_ok) == 8) {
+            s.pid = pid;
+            s.ppid = ppid;
+            out[n++] = s;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* `regroup --standalone --nproc-per-node=2 --preload=json ... python3 rg_test_forked.py
+ * ARG`, with output in dir/agent0.log. */
+static pid_t start_preloaded(const char *max_restarts)
+{
+    char log[300];
+    char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", (char *)max_restarts,
+                    "--preload=json", "--no-python", "/usr/bin/python3", PY_WORKER, "xyz",
+                    NULL};
+    snprintf(log, sizeof(log), "%s/agent0.log", dir);
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    pid_t pid = test_spawn(argv, log);
+    unsetenv("REGROUP_LOG_LEVEL");
+    agents[0] = pid;
+    return pid;
+}
+
+/* The fork server's pid, from the agent's log line, or 0. */
+static pid_t fork_server_pid(void)
+{
+    char line[1024];
+    int pid = 0;
+    FILE *f = fopen(agent_log(0), "r");
+    while (f != NULL && pid == 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "fork server (pid ");
+        if (p != NULL) {
+            pid = atoi(p + strlen("fork server (pid "));
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return pid;
+}
+
+static bool gone(pid_t pid)
+{
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Every worker, the first ones and those of the restart after rank 1's failure, is forked
+ * from one interpreter that imported json before it: each is the agent's child (it reaps
+ * and signals them as the workers it execs), runs the script as python3 would (its
+ * arguments, sys.path[0] its directory, the descriptors its variables name), and a failure
+ * is reported with the script's own traceback. Nothing is left after the job. */
+START_TEST(test_preload_forks_every_start)
+{
+    static py_start_t s[16];
+    setenv("RG_TEST_FAIL_RANK", "1", 1);
+    pid_t agent = start_preloaded("--max-restarts=1");
+    unsetenv("RG_TEST_FAIL_RANK");
+    TEST_WAIT_UNTIL(read_py_starts(s, 16) >= 4, 60000, "4 starts (2, then 2 after the "
+                    "restart): have %d", read_py_starts(s, 16));
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agent, 30000), 0);
+    int n = read_py_starts(s, 16);
+    ck_assert_int_eq(n, 4);
+    int per_restart[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(s[i].ppid == agent, "start %d: parent %d, not the agent %d", i,
+                      (int)s[i].ppid, (int)agent);
+        ck_assert_msg(s[i].preloaded == 1, "start %d: json was not preloaded", i);
+        ck_assert_str_eq(s[i].arg, "xyz");
+        ck_assert_int_eq(s[i].fds_ok, 1);
+        ck_assert_int_eq(s[i].path0_ok, 1);
+        ck_assert(s[i].restart == 0 || s[i].restart == 1);
+        per_restart[s[i].restart]++;
+        ck_assert_msg(gone(s[i].pid), "worker %d is still there", (int)s[i].pid);
+    }
+    ck_assert_int_eq(per_restart[0], 2);
+    ck_assert_int_eq(per_restart[1], 2);
+    pid_t server = fork_server_pid();
+    ck_assert_msg(server > 0, "no fork server in the log");
+    ck_assert_msg(gone(server), "the fork server %d outlived the job", (int)server);
+    ck_assert(log_contains(0, "RuntimeError: rank 1 fails on purpose"));
+    ck_assert(log_contains(0, "rg_test_forked.py\", line"));
+    ck_assert_msg(!log_contains(0, "File \"<string>\"") && !log_contains(0, "runpy"),
+                  "the traceback shows the fork server's frames");
+    ck_assert(!log_contains(0, "start by exec"));
+}
+END_TEST
+
+/* An agent SIGKILLed takes its forked workers and its fork server with it, as it does the
+ * workers it execs (their parent-death signal, set once the agent is their parent). */
+START_TEST(test_preload_workers_die_with_the_agent)
+{
+    static py_start_t s[16];
+    pid_t agent = start_preloaded("--max-restarts=0");
+    TEST_WAIT_UNTIL(read_py_starts(s, 16) >= 2, 60000, "2 starts: have %d",
+                    read_py_starts(s, 16));
+    pid_t server = fork_server_pid();
+    ck_assert_int_gt(server, 0);
+    kill(agent, SIGKILL);
+    ck_assert_int_eq(wait_exit(agent, 10000), 128 + SIGKILL);
+    TEST_WAIT_UNTIL(gone(s[0].pid) && gone(s[1].pid) && gone(server), 10000,
+                    "workers %d %d or the fork server %d outlived their agent", (int)s[0].pid,
+                    (int)s[1].pid, (int)server);
+}
+END_TEST
+
+/* What --preload cannot do is said at once: a module that does not import (the job ends
+ * without burning restarts), a program that is not Python, a script that is not there,
+ * what is no module name. */
+START_TEST(test_preload_bad_input)
+{
+    char out[4096];
+    uint64_t t0 = rg_now_ns();
+    ck_assert_int_eq(run_cmd("--standalone --nproc-per-node=2 --max-restarts=3 "
+                             "--preload=json,no_such_module_rg --no-python /usr/bin/python3 "
+                             PY_WORKER, out, sizeof(out)), 1);
+    ck_assert_msg(strstr(out, "--preload=json,no_such_module_rg: /usr/bin/python3: cannot "
+                              "import no_such_module_rg: ModuleNotFoundError") != NULL,
+                  "%s", out);
+    ck_assert_msg(strstr(out, "restart") == NULL && strstr(out, "failed") == NULL, "%s", out);
+    ck_assert_uint_lt(rg_now_ns() - t0, 20000000000ull);
+    ck_assert_int_eq(run_cmd("--standalone --preload=json /bin/true", out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "--preload: /bin/true is not a Python program") != NULL, "%s",
+                  out);
+    ck_assert_int_eq(run_cmd("--standalone --preload=json /usr/bin/python3 -c pass", out,
+                             sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "option -c is not one a fork server can pass on") != NULL, "%s",
+                  out);
+    ck_assert_int_eq(run_cmd("--standalone --preload=torch;rm /usr/bin/python3 x.py", out,
+                             sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "expected module names separated by commas") != NULL, "%s", out);
+    ck_assert_int_eq(run_cmd("--standalone --max-restarts=3 --preload=json --no-python "
+                             "/usr/bin/python3 /nonexistent/script.py", out, sizeof(out)), 1);
+    ck_assert_msg(strstr(out, "regroup: cannot run /nonexistent/script.py: No such file or "
+                              "directory\n") != NULL, "%s", out);
+}
+END_TEST
+
 /* The pid of a process (not this one) whose command line has text in an argument, or 0. */
 static pid_t process_with_arg(const char *text)
 {
@@ -1326,6 +1498,9 @@ int main(void)
     tcase_add_test(tc2, test_worker_environment);
     tcase_add_test(tc2, test_tee_without_log_dir);
     tcase_add_test(tc2, test_program_that_cannot_run);
+    tcase_add_test(tc2, test_preload_forks_every_start);
+    tcase_add_test(tc2, test_preload_workers_die_with_the_agent);
+    tcase_add_test(tc2, test_preload_bad_input);
     tcase_add_test(tc2, test_c10d_agent_serves_the_rendezvous);
     tcase_add_test(tc2, test_c10d_serving_agent_waits_for_the_others);
     tcase_add_test(tc2, test_per_rank_redirects_and_tee);

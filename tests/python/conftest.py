@@ -47,13 +47,16 @@ def worker_env(tmp, **extra):
     return env
 
 
-def run_job(tmp, nproc, argv, timeout=240, max_restarts=0, env=None, recovery=None):
+def run_job(tmp, nproc, argv, timeout=240, max_restarts=0, env=None, recovery=None,
+            preload=None):
     """Runs argv on nproc local workers under `regroup --standalone` (with
-    --recovery=RECOVERY when given); (exit code, output)."""
+    --recovery=RECOVERY, --preload=PRELOAD when given); (exit code, output)."""
     cmd = [os.path.join(BUILD, "regroup"), "--standalone", "--nproc-per-node=%d" % nproc,
            "--max-restarts=%d" % max_restarts]
     if recovery is not None:
         cmd.append("--recovery=%s" % recovery)
+    if preload is not None:
+        cmd.append("--preload=%s" % preload)
     cmd += list(argv)
     p = subprocess.run(cmd, env=env if env is not None else worker_env(tmp),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)

@@ -59,9 +59,11 @@ def test_example_survives_a_worker_kill(tmp):
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "plain"))
     rc, plain = run_job(tmp, 4, args, timeout=400, env=env)
     assert rc == 0, plain
+    # The killed run's workers (the first ones and the restarted ones) are forked from the
+    # launcher's fork server (--preload), the plain run's exec'd: the same result.
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "killed"))
     rc, killed = run_job(tmp, 4, args + ["--kill-at", "150", "--kill-rank", "2"], timeout=400,
-                         max_restarts=2, env=env)
+                         max_restarts=2, env=env, preload="torch,numpy")
     assert rc == 0, killed
     assert "rank 2: killing myself at step 150" in killed, killed
     # From the newest checkpoint committed by then (written in the background: 120 or before).
@@ -90,7 +92,8 @@ def test_example_in_place_survives_a_worker_kill(tmp):
     args = [PYTHON, EXAMPLE, "--epochs", "1", "--ckpt-every", "100", "--log-every", "500",
             "--kill-at", "150", "--kill-rank", "2"]
     env = worker_env(tmp, REGROUP_CKPT_DIR=os.path.join(tmp, "ckpt"))
-    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, env=env, recovery="in-place")
+    rc, out = run_job(tmp, 3, args, timeout=400, max_restarts=2, env=env, recovery="in-place",
+                      preload="torch")
     assert rc == 0, out
     assert "rank 2: killing myself at step 150" in out, out
     assert "regrouped: a peer failed; round 1 world 2 from step 150, state from rank 0" in out, out

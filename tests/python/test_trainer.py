@@ -269,7 +269,7 @@ class Node:
         cmd = [os.path.join(conftest.BUILD, "regroup"), "--rdzv-endpoint=" + etcd.endpoint,
                "--rdzv-id=job", "--nnodes=1:2", "--nproc-per-node=2",
                "--max-restarts=%d" % max_restarts, "--recovery=in-place", AGENT_CONF,
-               PYTHON, DDP, "--storage", tmp, "--name", "agents", "--workers", "4",
+               "--preload=torch", PYTHON, DDP, "--storage", tmp, "--name", "agents", "--workers", "4",
                "--epochs", str(epochs)] + list(extra)
         self.proc = subprocess.Popen(cmd, env=worker_env(tmp), stdout=self.log,
                                      stderr=subprocess.STDOUT)
