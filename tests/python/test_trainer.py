@@ -83,6 +83,29 @@ def test_in_place_kill_keeps_survivors(tmp):
 
 
 @pytest.mark.training
+@pytest.mark.parametrize("what", ["prepare_model", "get_checkpoint"])
+def test_in_place_kill_before_training(tmp, what):
+    """Rank 1 SIGKILLed before prepare_model or get_checkpoint, while the others are in
+    its collectives (rank 0's broadcast of the parameters; agreeing on the checkpoint):
+    they regroup there at world 3 and do it again, keeping their processes, and the
+    replacement joins later; every sample of every epoch once. Before, the error reached the
+    training function: every worker failed and the job restarted."""
+    rc, out = fit(tmp, "start-" + what, "--workers", 4, "--epochs", 2, "--kill-before", what,
+                  "--kill-rank", 1, "--max-failures", 2, "--wait-for-replacement")
+    assert rc == 0, out
+    assert "rank 1: killing myself before %s" % what in out, out
+    assert "counts_ok=True" in out, out
+    assert re.search(r"regrouped at step 0: world size 3, round 1 \(PeerError\)", out), out
+    started = pids(out, r"worker pid=(\d+) rank=(\d+)")
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=4")
+    for r in (0, 2, 3):
+        assert done[r] == started[r], (r, out)
+    assert done[1] != started[1], out
+    assert "restart" not in out.replace("max_restarts", ""), out
+    assert_gone(out)
+
+
+@pytest.mark.training
 def test_last_checkpoint_after_a_change_waited(tmp):
     """The job's last report (with its checkpoint) comes while a replacement waits to join:
     the job has moved to a newer round, so that checkpoint is refused in the old one. The

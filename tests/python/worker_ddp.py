@@ -61,10 +61,21 @@ class Net(torch.nn.Module):
         return self.fc(x), (c - c.detach()).sum()
 
 
+def kill_before(config, ctx, what):
+    """--kill-before WHAT: rank --kill-rank of the job's first workers SIGKILLs itself
+    before it calls WHAT, while the others are in its collectives."""
+    if config["kill_before"] == what and ctx.get_world_rank() == config["kill_rank"] and \
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and \
+            ctx.get_round() == 0:
+        print("rank %d: killing myself before %s" % (ctx.get_world_rank(), what), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def train_func(config):
     ctx = train.get_context()
     print("worker pid=%d rank=%d" % (os.getpid(), ctx.get_world_rank()), flush=True)
     torch.manual_seed(1)
+    kill_before(config, ctx, "prepare_model")
     model = prepare_model(Net())
     opt = prepare_optimizer(torch.optim.SGD([
         {"params": [model.module.fc.weight, model.module.fc.bias], "lr": 0.1},
@@ -72,6 +83,7 @@ def train_func(config):
     loader = prepare_data_loader(DataLoader(Data(), batch_size=B // config["workers"]),
                                  global_batch_size=B)
     start = 0
+    kill_before(config, ctx, "get_checkpoint")
     ck = train.get_checkpoint()
     if ck:
         d = ck.to_dict()
@@ -133,6 +145,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--kill-before", choices=["", "prepare_model", "get_checkpoint"],
+                    default="")
     ap.add_argument("--raise-at", type=int, default=-1)
     ap.add_argument("--raise-rank", type=int, default=1)
     ap.add_argument("--recovery", default="in-place")
@@ -142,6 +156,7 @@ def main():
     ap.add_argument("--wait-for-replacement", action="store_true")
     a = ap.parse_args()
     config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
+              "kill_before": a.kill_before,
               "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
               "end_with_change": a.end_with_change,
               "wait_for_replacement": a.wait_for_replacement}

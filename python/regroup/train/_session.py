@@ -84,6 +84,9 @@ class Session:
         self.finishing = False        # the training function returned: the last regroup
         self.received_checkpoint = None  # a replacement's: what the survivors last reported
         self.resync = None            # a replacement's received state, to put back after load
+        self.started = False          # past get_checkpoint (or training): the state is live
+        self.source_started = True    # a replacement's: whether its source was started
+        self.received_live = False    # a replacement's: it received a started member's state
         self.joined = not self.ctx.joining
         self.pending_extra = None     # a position read before the loader was prepared
         self.node = socket.gethostname()
@@ -180,6 +183,7 @@ class Session:
     def commit(self):
         """The step counted: its data position is the loader's; then the step boundary."""
         self.done += 1
+        self.started = True
         if self.loader is not None:
             self.cursor = self.loader.sampler.cursor
         self.boundary()
@@ -288,7 +292,33 @@ class Session:
         the same step on every rank; its data position goes to the prepared loader."""
         if not self.joined:
             self.join()
-            return self.received_checkpoint
+            if self.source_started:
+                self.started = True
+                return self.received_checkpoint
+            # The members regrouped in their own get_checkpoint, a failure having broken its
+            # collectives: this rank reads the checkpoint with them, as they do again.
+        ck = self.at_start(self._read_checkpoint)
+        self.started = True
+        return ck
+
+    def at_start(self, fn):
+        """fn() (collectives before the training loop: get_checkpoint's, prepare_model's)
+        again in the new group when a failure broke its group: in place the survivors
+        regroup, and a replacement that joins there runs the same collectives (it received
+        a state from a member that was not started: get_checkpoint, or one that was:
+        prepare_model's broadcast)."""
+        for _ in range(_REGROUP_ATTEMPTS):
+            try:
+                return fn()
+            except _status.Error as e:
+                if not (self.in_place and _regroup_failure(e)):
+                    raise
+                self.regroup(e)
+        raise RuntimeError("regroup.train: %d regroups in a row broke off before training" %
+                           _REGROUP_ATTEMPTS)
+
+    def _read_checkpoint(self):
+        """The newest committed checkpoint every rank can read (None: none). Collective."""
         root = self.ctx.ckpt_dir
         step = self.ctx.latest_checkpoint() if root else None
         if step is None:
@@ -404,7 +434,8 @@ class Session:
                 blob = _ckpt.dumps({
                     "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                     "checkpoint": ck, "checkpoint_step": self.last_checkpoint_step,
-                    "loader_epoch": self._epoch(), "finishing": self.finishing})
+                    "loader_epoch": self._epoch(), "finishing": self.finishing,
+                    "started": self.started})
                 n[0] = len(blob)
             self.ctx.broadcast(n, root=r.source)
             buf = torch.zeros(int(n.item()), dtype=torch.uint8)
@@ -425,6 +456,8 @@ class Session:
                     self.last_checkpoint = self.received_checkpoint
                     self.last_checkpoint_step = got["checkpoint_step"]
                 self.finishing = self.finishing or got["finishing"]
+                self.source_started = got.get("started", True)
+                self.received_live = self.source_started
                 if not self.joined:  # what the user's load of that checkpoint must not undo
                     self.resync = ([t.clone() for t in self.state_tensors()],
                                    got["optimizer"])

@@ -57,9 +57,14 @@ def prepare_model(model, move_to_device=True, ddp_kwargs=None):
                              k)
     kw.setdefault("broadcast_buffers", False)  # rank 0's go at each step boundary instead
     s.module = model
-    if s.joined and s.ctx.world_size > 1:      # every rank starts from rank 0's values
-        for t in s.state_tensors():
-            s.ctx.broadcast(t, root=0)
+
+    def from_rank_0():   # every rank starts from rank 0's values
+        # (not a replacement that received the live state of a member: that state goes back
+        # over its model at its first iteration, and the members are training)
+        if s.joined and s.ctx.world_size > 1 and not s.received_live:
+            for t in s.state_tensors():
+                s.ctx.broadcast(t, root=0)
+    s.at_start(from_rank_0)
     # Over a group of one rank: building DDP exchanges nothing (a replacement builds its
     # model while the others train), and its reducer leaves the gradients local.
     ddp = nn.parallel.DistributedDataParallel(model, process_group=_c10d.local_group(), **kw)
