@@ -118,6 +118,8 @@ def train_func(config):
             wait_for_a_deferred_change(ctx)
             if ctx.get_world_rank() == 0:
                 print("last report at step %d" % _session.get().done, flush=True)
+        if epoch == 0:
+            kill_before(config, ctx, "report")
         train.report({"epoch": epoch, "loss": float(loss), "world_size": ctx.get_world_size()},
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "opt": opt.state_dict(),
@@ -145,7 +147,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
-    ap.add_argument("--kill-before", choices=["", "prepare_model", "get_checkpoint"],
+    ap.add_argument("--kill-before", choices=["", "prepare_model", "get_checkpoint", "report"],
                     default="")
     ap.add_argument("--raise-at", type=int, default=-1)
     ap.add_argument("--raise-rank", type=int, default=1)

@@ -199,8 +199,9 @@ class Session:
         checkpoint of the epoch before was reported.
         A preemption takes the last checkpoint on every rank; the leaving node's workers
         exit."""
-        state = self._checkpoint_state(checkpoint) if checkpoint is not None else None
         try:
+            # (the checkpoint's tensors, broadcast from rank 0: a failure there regroups too)
+            state = self._checkpoint_state(checkpoint) if checkpoint is not None else None
             self.ctx.report(self.done, metrics=metrics, state=state, cursor=self.cursor,
                             epoch=self._epoch())
         except _status.MembershipChanged as e:
@@ -297,16 +298,16 @@ class Session:
                 return self.received_checkpoint
             # The members regrouped in their own get_checkpoint, a failure having broken its
             # collectives: this rank reads the checkpoint with them, as they do again.
-        ck = self.at_start(self._read_checkpoint)
+        ck = self.redo_on_regroup(self._read_checkpoint)
         self.started = True
         return ck
 
-    def at_start(self, fn):
-        """fn() (collectives before the training loop: get_checkpoint's, prepare_model's)
-        again in the new group when a failure broke its group: in place the survivors
-        regroup, and a replacement that joins there runs the same collectives (it received
-        a state from a member that was not started: get_checkpoint, or one that was:
-        prepare_model's broadcast)."""
+    def redo_on_regroup(self, fn):
+        """fn() (collectives outside a step: get_checkpoint's and prepare_model's before the
+        training loop, the last checkpoint's after it) again in the new group when a failure
+        broke its group: in place the survivors regroup, and a replacement that joins there
+        runs the same collectives (it received a state from a member that was not started:
+        get_checkpoint, or one that was: prepare_model's broadcast)."""
         for _ in range(_REGROUP_ATTEMPTS):
             try:
                 return fn()
@@ -314,7 +315,7 @@ class Session:
                 if not (self.in_place and _regroup_failure(e)):
                     raise
                 self.regroup(e)
-        raise RuntimeError("regroup.train: %d regroups in a row broke off before training" %
+        raise RuntimeError("regroup.train: %d regroups in a row broke off outside a step" %
                            _REGROUP_ATTEMPTS)
 
     def _read_checkpoint(self):
@@ -362,7 +363,7 @@ class Session:
         job's last checkpoint takes its part in it and ends (Finished)."""
         self.regroup(None)
         if self.finishing:
-            self._final_save()
+            self.redo_on_regroup(self._final_save)
             raise Finished()
 
     def finish(self):
@@ -378,7 +379,7 @@ class Session:
                 return
             self.finishing = True
             self.regroup(self.deferred)
-            self._final_save()
+            self.redo_on_regroup(self._final_save)
         raise RuntimeError("regroup.train: the job kept changing after the training function "
                            "returned (%d regroups)" % _REGROUP_ATTEMPTS)
 

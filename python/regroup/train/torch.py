@@ -64,7 +64,7 @@ def prepare_model(model, move_to_device=True, ddp_kwargs=None):
         if s.joined and s.ctx.world_size > 1 and not s.received_live:
             for t in s.state_tensors():
                 s.ctx.broadcast(t, root=0)
-    s.at_start(from_rank_0)
+    s.redo_on_regroup(from_rank_0)
     # Over a group of one rank: building DDP exchanges nothing (a replacement builds its
     # model while the others train), and its reducer leaves the gradients local.
     ddp = nn.parallel.DistributedDataParallel(model, process_group=_c10d.local_group(), **kw)
