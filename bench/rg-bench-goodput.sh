@@ -3,12 +3,19 @@
 # Fashion-MNIST MLP) under `regroup --standalone` (a private etcd on 127.0.0.1), 4 workers,
 # 2 epochs, once fault-free and once with a worker SIGKILLed every 1.5 s, per repetition and
 # mode; goodput = fault-free job time / faulty job time of the same repetition and mode.
+# --workload torch runs examples/python/ddp_trainer.py instead (the same model in PyTorch:
+# TorchTrainer, DDP over the regroup backend, prepare_optimizer and prepare_data_loader; its
+# fit() starts `regroup --standalone --preload=torch,numpy`, so that a replacement or a
+# restarted worker is forked from an interpreter that imported torch; its --data-cache, as
+# rg-fmnist's, in the run's directory); --modes picks the
+# recovery modes (the trainer checkpoints once an epoch: in restart mode each kill redoes
+# the epoch so far).
 # Each run has its own --data-cache (in its directory): its first workers decompress the data
 # set and leave the copies there, its replacements (in place) and restarted workers read them.
 # The script's own loops start no process while they poll (bench_lib.sh's rg_bench_nap).
 #
 # The faults: this script SIGKILLs them. The workers are the agent's children (as in the
-# chaos suite) less its private etcd (whose pid the agent logs); 1.5 s (--every-ms) after the
+# chaos suite) less its private etcd and its fork server (whose pids the agent logs); 1.5 s (--every-ms) after the
 # agent says it started the workers, and 1.5 s after each kill, one live worker chosen at
 # random (--seed) is killed and the kill is counted once the process is gone (dead or a
 # zombie of the agent). When there is no live worker at that moment (a restart between its
@@ -33,7 +40,7 @@
 #
 #   bench/rg-bench-goodput.sh [--build DIR] [--reps N] [--epochs E] [-n WORKERS]
 #                             [--every-ms MS] [--max-kills K] [--min-accuracy A] [--seed S]
-#                             [--keep DIR]
+#                             [--workload fmnist|torch] [--modes restart,in-place] [--keep DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/bench_lib.sh"
@@ -47,7 +54,9 @@ max_kills=40
 min_acc=0.84
 seed=1
 keep=
-usage="usage: $0 [--build DIR] [--reps N] [--epochs E] [-n WORKERS] [--every-ms MS] [--max-kills K] [--min-accuracy A] [--seed S] [--keep DIR]"
+workload=fmnist
+modes=restart,in-place
+usage="usage: $0 [--build DIR] [--reps N] [--epochs E] [-n WORKERS] [--every-ms MS] [--max-kills K] [--min-accuracy A] [--seed S] [--workload fmnist|torch] [--modes restart,in-place] [--keep DIR]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -59,6 +68,8 @@ while (($#)); do
         --min-accuracy) min_acc=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --keep) keep=$2; shift 2 ;;
+        --workload) workload=$2; shift 2 ;;
+        --modes) modes=$2; shift 2 ;;
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
@@ -70,14 +81,30 @@ done
 ((every_ms >= 100)) || { echo "--every-ms must be at least 100" >&2; exit 2; }
 ((max_kills <= 10000)) || { echo "--max-kills must be at most 10000" >&2; exit 2; }
 [[ "$min_acc" =~ ^0?\.[0-9]+$|^[01]$ ]] || { echo "--min-accuracy must be a fraction 0..1" >&2; exit 2; }
+[[ "$workload" == fmnist || "$workload" == torch ]] || { echo "$usage" >&2; exit 2; }
+IFS=, read -ra mode_list <<<"$modes"
+for m in "${mode_list[@]}"; do
+    [[ "$m" == restart || "$m" == in-place ]] || { echo "--modes: restart, in-place" >&2; exit 2; }
+done
+((${#mode_list[@]} >= 1)) || { echo "$usage" >&2; exit 2; }
 [[ -x "$build/regroup" && -x "$build/examples/rg-fmnist" ]] || {
     echo "$build/regroup or $build/examples/rg-fmnist not built" >&2; exit 2; }
+python=/usr/bin/python3   # Debian's, with python3-torch
+src=$(cd "$here/.." && pwd)
+if [[ "$workload" == torch ]]; then
+    "$python" -c "import torch" 2>/dev/null || { echo "$python cannot import torch" >&2; exit 2; }
+    [[ -e "$build/libregroup.so" ]] || { echo "$build/libregroup.so not built" >&2; exit 2; }
+fi
 out=$(mktemp -d /tmp/rg-bench-goodput.XXXXXX)
-agent=
+agent=   # the launcher (whose children are the workers)
+job=     # the process this script started: the launcher, or the trainer's driver
 cleanup() {
     if [[ -n "$agent" ]]; then   # its workers and etcd die with it (PR_SET_PDEATHSIG)
         kill -KILL "$agent" 2>/dev/null || true
-        wait "$agent" 2>/dev/null || true
+    fi
+    if [[ -n "$job" ]]; then
+        kill -KILL "$job" 2>/dev/null || true
+        wait "$job" 2>/dev/null || true
     fi
     if [[ -n "$keep" ]]; then
         rm -rf "$out"/*/ckpt
@@ -102,7 +129,8 @@ proc_state() {
 }
 
 # Sets live to the pids of agent $1's live children (not zombies, not stopped) other than
-# $2 (its etcd): the workers, found as the chaos suite finds them.
+# $2 and $3 (its etcd and its fork server): the workers, found as the chaos suite finds
+# them.
 find_workers() {
     local f s pid st pp
     live=()
@@ -113,7 +141,8 @@ find_workers() {
         st=${s%% *}
         s=${s#* }
         pp=${s%% *}
-        if [[ "$pp" == "$1" && "$pid" != "$2" && "$st" != Z && "$st" != T ]]; then
+        if [[ "$pp" == "$1" && "$pid" != "$2" && "$pid" != "$3" && "$st" != Z &&
+              "$st" != T ]]; then
             live+=("$pid")
         fi
     done
@@ -139,10 +168,11 @@ running() {
 # The fault loop of a faulty run (log $1): sets kills. Returns once the training is over,
 # the agent has exited, the job's deadline has passed, or max_kills were delivered.
 kill_loop() {
-    local log=$1 etcd next v gone missed=0
+    local log=$1 etcd server next v gone missed=0
     wait_line "$log" 'private etcd at .* \(pid [0-9]+,'
     etcd=$(sed -nE 's/.*private etcd at .* \(pid ([0-9]+),.*/\1/p' "$log" | head -1)
     wait_line "$log" 'round 0: started [0-9]+ workers'
+    server=$(sed -nE 's/.*fork server \(pid ([0-9]+)\).*/\1/p' "$log" | head -1)
     next=$(( $(now_ms) + every_ms ))
     kills=0
     while ((kills < max_kills)); do
@@ -158,11 +188,11 @@ kill_loop() {
             printf -v nap '0.%03d' "$left"
             rg_bench_nap "$nap"
         done
-        find_workers "$agent" "$etcd"
+        find_workers "$agent" "$etcd" "$server"
         while ((${#live[@]} == 0)); do   # between a restart's rounds: wait for its workers
             running "$log" || return 0
             rg_bench_nap 0.01
-            find_workers "$agent" "$etcd"
+            find_workers "$agent" "$etcd" "$server"
         done
         v=${live[RANDOM % ${#live[@]}]}
         if kill -KILL "$v" 2>/dev/null; then
@@ -189,24 +219,44 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     : >"$d/log"   # there before the kill loop reads it (the child opens it after the fork)
     t0=$(now_ms)
     job_deadline=$((t0 + 600000))
-    REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
-        --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
-        "$build/examples/rg-fmnist" --epochs "$epochs" --data-cache "$d/data" >"$d/log" 2>&1 &
-    agent=$!
+    if [[ "$workload" == fmnist ]]; then
+        REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
+            --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
+            "$build/examples/rg-fmnist" --epochs "$epochs" --data-cache "$d/data" >"$d/log" 2>&1 &
+        job=$!
+        agent=$job
+    else
+        REGROUP_LAUNCHER="$build/regroup" REGROUP_LIBRARY="$build/libregroup.so" \
+            PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
+            "$python" "$src/examples/python/ddp_trainer.py" --workers "$n" --epochs "$epochs" \
+            --storage "$d" --name run --recovery "$1" --max-failures $((2 * max_kills + 10)) \
+            --data-cache "$d/data" >"$d/log" 2>&1 &
+        job=$!
+        agent=$job   # until its launcher is known (wait_line watches it)
+        wait_line "$d/log" 'private etcd at'   # the driver's one child, by then
+        agent=$(ps -o pid= --ppid "$job" | head -1 | tr -d ' ')
+        [[ -n "$agent" ]] || fail "$d: the trainer's launcher not found"
+    fi
     kills=0
     if [[ "$3" == faulty ]]; then
         kill_loop "$d/log"
     fi
-    rg_bench_wait_child "$agent" $((job_deadline > $(now_ms) ? job_deadline - $(now_ms) : 0))
+    rg_bench_wait_child "$job" $((job_deadline > $(now_ms) ? job_deadline - $(now_ms) : 0))
     t1=$(now_ms)
     agent=
+    job=
     [[ "$rc" == 0 ]] || { rg_bench_show "$d/log"; fail "$d: regroup exited $rc"; }
     acc=$(sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p' "$d/log" | tail -1)
     [[ -n "$acc" ]] || { rg_bench_show "$d/log"; fail "$d: no test_accuracy= line"; }
     awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }' ||
         fail "$d: test_accuracy=$acc below --min-accuracy $min_acc"
-    resumed=$(grep -ac '^resumed from checkpoint step' "$d/log" || true)
-    regrouped=$(grep -ac '^regrouped in place' "$d/log" || true)
+    if [[ "$workload" == fmnist ]]; then
+        resumed=$(grep -ac '^resumed from checkpoint step' "$d/log" || true)
+        regrouped=$(grep -ac '^regrouped in place' "$d/log" || true)
+    else   # the trainer's rank 0 says each regroup; it does not say a resume
+        resumed=0
+        regrouped=$(grep -ac '^regroup.train: regrouped at step' "$d/log" || true)
+    fi
     rounds=$(grep -acE 'round [0-9]+: started [0-9]+ workers' "$d/log" || true)
     if [[ "$3" == faulty ]]; then
         ((kills >= 1)) || fail "$d: no worker was killed (the job ended within ${every_ms} ms?)"
@@ -222,37 +272,43 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
 
 for ((r = 0; r < reps; r++)); do
     if ((r % 2 == 0)); then
-        run restart "$r" clean; run in-place "$r" clean; run restart "$r" faulty; run in-place "$r" faulty
+        for m in "${mode_list[@]}"; do run "$m" "$r" clean; done
+        for m in "${mode_list[@]}"; do run "$m" "$r" faulty; done
     else
-        run in-place "$r" faulty; run restart "$r" faulty; run in-place "$r" clean; run restart "$r" clean
+        for ((i = ${#mode_list[@]} - 1; i >= 0; i--)); do run "${mode_list[i]}" "$r" faulty; done
+        for ((i = ${#mode_list[@]} - 1; i >= 0; i--)); do run "${mode_list[i]}" "$r" clean; done
     fi
 done
 
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$epochs" "$every_ms" "$max_kills" \
-    "$here/.." "$build" "$load_start" <<'EOF'
+    "$here/.." "$build" "$load_start" "$workload" "$modes" <<'EOF'
 import json, os, re, sys
 from rg_bench_steps import build_meta, stats
 out, reps, n, epochs, every_ms, max_kills = sys.argv[1], *map(int, sys.argv[2:7])
 meta = build_meta(sys.argv[7], sys.argv[8])
+workload, modes = sys.argv[10], sys.argv[11].split(",")
+workload = "rg-fmnist" if workload == "fmnist" else "ddp_trainer.py (torch, --preload)"
 runs = {}
 for line in open(os.path.join(out, "runs.txt")):
     mode, rep, kind, ms, kills, acc, resumed, regrouped, restarts = line.split()
     runs[(mode, int(rep), kind)] = {"job_s": int(ms) / 1000.0, "kills": int(kills),
                                     "acc": float(acc), "resumed": int(resumed),
                                     "regrouped": int(regrouped), "restarts": int(restarts)}
-REGROUP = re.compile(r"regrouped in place from round \d+ into round \d+: rank 0 of \d+, .* in ([0-9.]+) s$")
+REGROUP = re.compile(r"regrouped in place from round \d+ into round \d+: rank 0 of \d+, .* in ([0-9.]+) s$"
+                     if workload == "rg-fmnist" else
+                     r"^regroup.train: regrouped at step \d+: .* in ([0-9.]+) s$")
 def regroup_s(mode, rep):
     with open(os.path.join(out, f"{mode}-{rep}-faulty", "log"), errors="replace") as f:
         return [float(m.group(1)) for m in map(REGROUP.search, f) if m]
 goodput = {}
-for mode in ("restart", "in-place"):
+for mode in modes:
     clean = [runs[(mode, r, "clean")] for r in range(reps)]
     faulty = [runs[(mode, r, "faulty")] for r in range(reps)]
     goodput[mode] = [c["job_s"] / f["job_s"] for c, f in zip(clean, faulty)]
     regroups = [x for r in range(reps) for x in regroup_s(mode, r)]
     extra = {"regroup_s": stats(regroups)} if regroups else {}
     print(json.dumps({
-        "bench": "goodput", "workload": "rg-fmnist", "mode": mode, "workers": n,
+        "bench": "goodput", "workload": workload, "mode": mode, "workers": n,
         "epochs": epochs, "kill_every_s": every_ms / 1000.0, "reps": reps,
         "goodput": stats(goodput[mode]),
         "clean_job_s": stats([c["job_s"] for c in clean]),
@@ -267,11 +323,14 @@ for mode in ("restart", "in-place"):
         "regrouped_in_place_total": sum(f["regrouped"] for f in faulty),
         "test_accuracy_clean": stats([c["acc"] for c in clean]),
         "test_accuracy_faulty": stats([f["acc"] for f in faulty]), **extra, **meta}))
-ratios = [i / r for i, r in zip(goodput["in-place"], goodput["restart"])]
-print(json.dumps({"bench": "goodput", "workload": "rg-fmnist",
-                  "goodput_ratio_in_place_over_restart": stats(ratios), "reps": reps,
-                  "in_place_goodput_at_least_0.9": stats(goodput["in-place"])["median"] >= 0.9,
-                  **meta}))
+if "restart" in goodput and "in-place" in goodput:
+    ratios = [i / r for i, r in zip(goodput["in-place"], goodput["restart"])]
+    print(json.dumps({"bench": "goodput", "workload": workload,
+                      "goodput_ratio_in_place_over_restart": stats(ratios), "reps": reps,
+                      **meta}))
+if "in-place" in goodput:
+    print(json.dumps({"bench": "goodput", "workload": workload, "in_place_goodput_at_least_0.9":
+                      stats(goodput["in-place"])["median"] >= 0.9, **meta}))
 print(json.dumps({"bench": "goodput", "loadavg_start": sys.argv[9].split(),
                   "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
 EOF

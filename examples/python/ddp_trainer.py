@@ -36,10 +36,10 @@ from regroup.train.torch import (prepare_data_loader, prepare_model,  # noqa: E4
 def train_func(config):
     torch.set_num_threads(1)
     ctx = train.get_context()
-    x, y = load_split(config["data"], "train")
+    x, y = load_split(config["data"], "train", config["data_cache"])
     if config["train_samples"]:
         x, y = x[:config["train_samples"]], y[:config["train_samples"]]
-    tx, ty = load_split(config["data"], "t10k")
+    tx, ty = load_split(config["data"], "t10k", config["data_cache"])
     torch.manual_seed(config["seed"])
     model = prepare_model(Model())
     opt = prepare_optimizer(torch.optim.Adam(model.parameters(), lr=config["lr"]))
@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--train-samples", type=int, default=0, help="the first N (0: all)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--data-cache", default=None,
+                    help="keep the decompressed data set here (a replacement reads it)")
     ap.add_argument("--recovery", choices=["in-place", "restart"], default="in-place")
     ap.add_argument("--max-failures", type=int, default=3)
     ap.add_argument("--kill-at", type=int, default=-1)
@@ -96,7 +98,8 @@ def main():
     ap.add_argument("--storage", default=None)
     a = ap.parse_args()
     config = {k: getattr(a, k) for k in ("workers", "epochs", "batch", "lr", "seed",
-                                         "train_samples", "data", "kill_at", "kill_rank")}
+                                         "train_samples", "data", "data_cache", "kill_at",
+                                         "kill_rank")}
     trainer = train.TorchTrainer(
         train_func, train_loop_config=config,
         scaling_config=train.ScalingConfig(num_workers=a.workers),

@@ -48,7 +48,11 @@ def read_idx(path):
     """An IDX file (gzip'd or not) as a NumPy array of unsigned bytes."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as f:
-        data = f.read()
+        return parse_idx(f.read(), path)
+
+
+def parse_idx(data, path):
+    """An IDX file's bytes (read from path) as a NumPy array of unsigned bytes."""
     magic = int.from_bytes(data[0:4], "big")
     if magic >> 8 != 0x08:
         raise ValueError("%s: not an IDX file of unsigned bytes (magic 0x%08x)" % (path, magic))
@@ -60,13 +64,33 @@ def read_idx(path):
     return body.reshape(dims)
 
 
-def load_split(data_dir, split):
+def cached_idx(path, cache_dir):
+    """The IDX file at path, decompressed once into cache_dir (as rg-fmnist's --data-cache):
+    the first process writes the copy under a name of its own and renames it into place, the
+    others (a replacement, a restarted worker) read it without gunzip."""
+    if not cache_dir or not path.endswith(".gz"):
+        return read_idx(path)
+    copy = os.path.join(cache_dir, os.path.basename(path)[:-3])
+    if os.path.exists(copy):
+        return read_idx(copy)
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    arr = parse_idx(data, path)   # checked before it is kept
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = "%s.%d.tmp" % (copy, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, copy)
+    return arr
+
+
+def load_split(data_dir, split, cache_dir=None):
     def path(kind):
         base = os.path.join(data_dir, "%s-%s-idx%d-ubyte" % (split, kind,
                                                             3 if kind == "images" else 1))
         return base + ".gz" if os.path.exists(base + ".gz") else base
-    images = read_idx(path("images"))
-    labels = read_idx(path("labels"))
+    images = cached_idx(path("images"), cache_dir)
+    labels = cached_idx(path("labels"), cache_dir)
     return (torch.from_numpy(images.reshape(len(images), -1).copy()),
             torch.from_numpy(labels.astype(np.int64)))
 
