@@ -97,28 +97,42 @@ typedef struct {
     pid_t  pid;
 } start_t;
 
-/* Reads the events file; returns the number of starts (at most max). */
-static int read_starts(start_t *out, int max)
+/* The lines of dir/name that parse(line, out, n) takes (it fills entry n of out), at most
+ * max; returns how many. */
+static int read_events(const char *name, bool (*parse)(const char *, void *, int), void *out,
+                       int max)
 {
     char path[300];
     char line[512];
     int n = 0;
-    snprintf(path, sizeof(path), "%s/events", dir);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
     FILE *f = fopen(path, "r");
     if (f == NULL) {
         return 0;
     }
     while (n < max && fgets(line, sizeof(line), f) != NULL) {
-        start_t s;
-        int pid;
-        if (sscanf(line, "start %d %d %d %d %d", &s.round, &s.rank, &s.world, &s.restart,
-                   &pid) == 5) {
-            s.pid = pid;
-            out[n++] = s;
-        }
+        n += parse(line, out, n) ? 1 : 0;
     }
     fclose(f);
     return n;
+}
+
+static bool parse_start(const char *line, void *out, int n)
+{
+    start_t *s = (start_t *)out + n;
+    int pid;
+    if (sscanf(line, "start %d %d %d %d %d", &s->round, &s->rank, &s->world, &s->restart,
+               &pid) != 5) {
+        return false;
+    }
+    s->pid = pid;
+    return true;
+}
+
+/* Reads the events file; returns the number of starts (at most max). */
+static int read_starts(start_t *out, int max)
+{
+    return read_events("events", parse_start, out, max);
 }
 
 /* Waits until, among the starts after index `from`, `count` have world size `world`
@@ -653,30 +667,24 @@ typedef struct {
     int   path0_ok;
 } py_start_t;
 
+static bool parse_py_start(const char *line, void *out, int n)
+{
+    py_start_t *s = (py_start_t *)out + n;
+    int pid;
+    int ppid;
+    if (sscanf(line, "start %d %d %d %d %d %63s %d %d", &s->restart, &s->rank, &pid, &ppid,
+               &s->preloaded, s->arg, &s->fds_ok, &s->path0_ok) != 8) {
+        return false;
+    }
+    s->pid = pid;
+    s->ppid = ppid;
+    return true;
+}
+
 /* rg_test_forked.py's starts, from dir/events-py; returns how many (at most max). */
 static int read_py_starts(py_start_t *out, int max)
 {
-    char path[300];
-    char line[512];
-    int n = 0;
-    snprintf(path, sizeof(path), "%s/events-py", dir);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return 0;
-    }
-    while (n < max && fgets(line, sizeof(line), f) != NULL) {
-        py_start_t s;
-        int pid;
-        int ppid;
-        if (sscanf(line, "start %d %d %d %d %d %63s %d %d", &s.restart, &s.rank, &pid, &ppid,
-                   &s.preloaded, s.arg, &s.fds_ok, &s.path0_ok) == 8) {
-            s.pid = pid;
-            s.ppid = ppid;
-            out[n++] = s;
-        }
-    }
-    fclose(f);
-    return n;
+    return read_events("events-py", parse_py_start, out, max);
 }
 
 /* `regroup --standalone --nproc-per-node=2 --preload=json ... python3 rg_test_forked.py
