@@ -3,12 +3,14 @@
 # data, optimizer (Adam, lr 1e-3) and global batch of 64, one epoch, three sides:
 #   gloo     torchrun --standalone + bench/rg_bench_fmnist_ddp.py --backend gloo (restart
 #            recovery from rank 0's torch.save every 200 steps)
-#   regroup  regroup --standalone + the same script with --backend regroup: plain DDP over
-#            torch.distributed's regroup backend (libregroup's UCX group), its step time
+#   regroup  regroup --standalone --preload=torch,numpy + the same script with --backend
+#            regroup: plain DDP over torch.distributed's regroup backend (libregroup's UCX
+#            group), its step time, and restart recovery as gloo's (the same torch.save
+#            checkpoints), its workers forked from an interpreter that imported torch
 #   trainer  examples/python/ddp_trainer.py: TorchTrainer, prepare_model/optimizer/loader,
 #            recovery in place (its fit() starts regroup --standalone itself)
-# gloo and trainer run each repetition without a fault and with a worker SIGKILLed at step
-# --kill-at (rank --kill-rank, first attempt); regroup runs without. The sides' runs are
+# Each side runs each repetition without a fault and with a worker SIGKILLed at step
+# --kill-at (rank --kill-rank, first attempt). The sides' runs are
 # interleaved, their order alternating each repetition. Each run is checked: exit 0, a test
 # accuracy above --floor, the kill in the log of a kill run (and, for the trainer, the
 # regroup at that step at world n-1), none in a fault-free run.
@@ -77,7 +79,7 @@ run() { # $1 = side (gloo|regroup|trainer), $2 = kind (plain|kill), $3 = repetit
             "${ddp[@]}" "${kill[@]}" >"$log" 2>&1 || rc=$? ;;
     regroup)
         timeout 900 "$build/regroup" --standalone --nproc-per-node="$n" --max-restarts=3 \
-            --rdzv-conf=hang_timeout=0 "$python" "$here/rg_bench_fmnist_ddp.py" \
+            --rdzv-conf=hang_timeout=0 --preload=torch,numpy "$python" "$here/rg_bench_fmnist_ddp.py" \
             --backend regroup --ckpt-dir "$dir/ckpt" "${ddp[@]}" "${kill[@]}" \
             >"$log" 2>&1 || rc=$? ;;
     trainer)
@@ -94,11 +96,11 @@ run() { # $1 = side (gloo|regroup|trainer), $2 = kind (plain|kill), $3 = repetit
 }
 for ((r = 0; r < reps; r++)); do
     if ((r % 2 == 0)); then
-        run gloo plain "$r"; run gloo kill "$r"; run regroup plain "$r"
+        run gloo plain "$r"; run gloo kill "$r"; run regroup plain "$r"; run regroup kill "$r"
         run trainer kill "$r"; run trainer plain "$r"
     else
-        run trainer plain "$r"; run trainer kill "$r"; run regroup plain "$r"
-        run gloo kill "$r"; run gloo plain "$r"
+        run trainer plain "$r"; run trainer kill "$r"; run regroup kill "$r"
+        run regroup plain "$r"; run gloo kill "$r"; run gloo plain "$r"
     fi
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -147,7 +149,7 @@ def series(side, metric):
     return [wall[side, "kill", r] - wall[side, "plain", r] for r in range(reps)]
 for metric, sides in (("samples_per_s", ("gloo", "regroup", "trainer")),
                       ("wall_s", ("gloo", "regroup", "trainer")),
-                      ("kill_cost_s", ("gloo", "trainer"))):
+                      ("kill_cost_s", ("gloo", "regroup", "trainer"))):
     line = dict(meta, metric=metric)
     ref = series("gloo", metric)
     for side in sides:
