@@ -83,6 +83,10 @@ def train_func(config):
     loader = prepare_data_loader(DataLoader(Data(), batch_size=B // config["workers"]),
                                  global_batch_size=B)
     start = 0
+    if config["end_with_change"] and not _session.get().joined:
+        # A replacement: it joins (in get_checkpoint) only once the members are at their
+        # last report, so that the change waits there whatever its start takes.
+        wait_for_file(config["at_the_end"])
     kill_before(config, ctx, "get_checkpoint")
     ck = train.get_checkpoint()
     if ck:
@@ -115,6 +119,10 @@ def train_func(config):
                     ctx.get_world_rank() == config["raise_rank"]:
                 raise ValueError("boom at step %d" % steps)
         if config["end_with_change"] and epoch == config["epochs"] - 1:
+            if ctx.get_world_rank() == 0:
+                with open(config["at_the_end"] + ".tmp", "w"):
+                    pass
+                os.rename(config["at_the_end"] + ".tmp", config["at_the_end"])
             wait_for_a_deferred_change(ctx)
             if ctx.get_world_rank() == 0:
                 print("last report at step %d" % _session.get().done, flush=True)
@@ -126,6 +134,15 @@ def train_func(config):
                          "epoch": epoch}))
     print("worker done pid=%d rank=%d world=%d" % (os.getpid(), ctx.get_world_rank(),
                                                     ctx.get_world_size()), flush=True)
+
+
+def wait_for_file(path):
+    """Until path exists (120 s at most)."""
+    for _ in range(12000):
+        if os.path.exists(path):
+            return
+        time.sleep(0.01)
+    raise RuntimeError("%s did not appear within 120 s" % path)
 
 
 def wait_for_a_deferred_change(ctx):
@@ -161,6 +178,7 @@ def main():
               "kill_before": a.kill_before,
               "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
               "end_with_change": a.end_with_change,
+              "at_the_end": os.path.join(os.path.abspath(a.storage), a.name + ".at-the-end"),
               "wait_for_replacement": a.wait_for_replacement}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
