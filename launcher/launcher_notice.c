@@ -551,11 +551,12 @@ void launcher_leave_begin(launcher_leave_t *lv, const char *reason, int64_t end_
         snprintf(lv->reason + strlen(lv->reason), sizeof(lv->reason) - strlen(lv->reason),
                  "; then %s", reason);
     }
+    rg_notice_post(lv->notice, RG_NOTICE_KIND_PREEMPT, lv->asg->round, lv->workers_ms,
+                   lv->reason);
+    /* (said once posted: a worker's next step boundary sees what this line says) */
     fprintf(stderr, "regroup: this node leaves the job: %s; %lld ms left for the workers' "
             "last checkpoint\n", lv->reason, (long long)RG_MAX(lv->workers_ms - now, 0));
     rg_info("leaving the job: %s", lv->reason);   /* timestamped, for rg-bench-notice */
-    rg_notice_post(lv->notice, RG_NOTICE_KIND_PREEMPT, lv->asg->round, lv->workers_ms,
-                   lv->reason);
     /* Wall time for the other machines: their monotonic clocks are their own. */
     double deadline = rg_wall_s() + (double)(lv->workers_ms - now) / 1000.0;
     if (rdzv_leaving_announce(lv->rdzv, lv->reason, deadline) != RG_OK) {

@@ -255,6 +255,35 @@ def test_preemption_loses_no_step(tmp):
     assert "checkpoint_step=640" in out2, out2
 
 
+@pytest.mark.training
+def test_preemption_at_an_epochs_last_step(tmp):
+    """The notice seen at the boundary of an epoch's last step, before that epoch's report:
+    the workers leave at the report, with the epoch's own checkpoint (not the previous
+    epoch's values at this epoch's end), and the program run again goes on with the next
+    epoch: every count exact."""
+    log_path = os.path.join(tmp, "first.log")
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen([PYTHON, DDP, "--storage", tmp, "--name", "end", "--workers", "2",
+                              "--epochs", "4", "--preempt-after-epoch", "1", "--log",
+                              log_path], env=worker_env(tmp), stdout=log,
+                             stderr=subprocess.STDOUT)
+        try:
+            p.wait(timeout=180)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    with open(log_path, errors="replace") as f:
+        out = f.read()
+    assert "rank 0: preempting at step 32" in out, out   # 16 steps an epoch
+    assert "a node leaves at step 32 (last checkpoint committed)" in out, out
+    rc, out2 = fit(tmp, "end", "--workers", 2, "--epochs", 4)
+    assert rc == 0, out2
+    assert "resumed from epoch 1" in out2, out2
+    assert "counts_ok=True" in out2, out2
+    assert "checkpoint_step=64" in out2, out2
+
+
 PG = os.path.join(conftest.HERE, "worker_pg.py")
 
 

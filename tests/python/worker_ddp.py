@@ -6,7 +6,7 @@ epoch, whatever failed). The training function has no recovery code.
     worker_ddp.py --storage DIR --name NAME [--workers N] [--epochs E] [--kill-at STEP
         --kill-rank R] [--raise-at STEP --raise-rank R] [--recovery in-place|restart]
         [--max-failures K] [--bad-config] [--on-cuda] [--end-with-change]
-        [--wait-for-replacement]
+        [--wait-for-replacement] [--preempt-after-epoch E --log PATH]
 
 The driver prints "result metrics=<json> checkpoint_step=<n> counts_ok=<bool>"; each worker
 prints "worker pid=<pid> rank=<r>" when it starts and "worker done pid=<pid> rank=<r> world=<w>"
@@ -16,7 +16,10 @@ step boundary, so that the job's last checkpoint is reported once the job has mo
 newer round; the last report's step is printed as "last report at step <n>".
 --wait-for-replacement: a group smaller than --workers at the last epoch's start reports
 (without a checkpoint) until a replacement or a joining node waits to join, which it then does
-at that epoch's first step: the test sees a join however long the newcomers take to start."""
+at that epoch's first step: the test sees a join however long the newcomers take to start.
+--preempt-after-epoch E: at epoch E's last step, rank 0 of the first workers sends SIGTERM
+to its agent (a preemption notice) and waits until the job's output (--log) says it was
+posted, so that every rank sees it at that step's boundary."""
 import argparse
 import json
 import os
@@ -101,12 +104,14 @@ def train_func(config):
         if config["wait_for_replacement"] and epoch == config["epochs"] - 1 and \
                 ctx.get_world_size() < config["workers"]:
             wait_for_a_deferred_change(ctx)
-        for x, y, ids in loader:
+        for i, (x, y, ids) in enumerate(loader):
             opt.zero_grad()
             logits, cnt = model(x, ids)
             # mean over this rank's batch, as DDP programs write it
             loss = F.cross_entropy(logits, y) - cnt / len(ids)
             loss.backward()
+            if epoch == config["preempt_after_epoch"] and i == len(loader) - 1:
+                preempt_now(config, ctx)
             opt.step()
             steps += 1
             first = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and \
@@ -134,6 +139,22 @@ def train_func(config):
                          "epoch": epoch}))
     print("worker done pid=%d rank=%d world=%d" % (os.getpid(), ctx.get_world_rank(),
                                                     ctx.get_world_size()), flush=True)
+
+
+def preempt_now(config, ctx):
+    """Rank 0 of the first workers: SIGTERM to its agent, then until the job's log says the
+    notice is posted (120 s at most)."""
+    if ctx.get_world_rank() != 0 or ctx.get_round() != 0 or \
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != 0:
+        return
+    print("rank 0: preempting at step %d" % (_session.get().done + 1), flush=True)
+    os.kill(os.getppid(), signal.SIGTERM)
+    for _ in range(12000):
+        with open(config["log"], errors="replace") as f:
+            if "this node leaves the job" in f.read():
+                return
+        time.sleep(0.01)
+    raise RuntimeError("no preemption notice in %s within 120 s" % config["log"])
 
 
 def wait_for_file(path):
@@ -173,13 +194,16 @@ def main():
     ap.add_argument("--bad-config", action="store_true")
     ap.add_argument("--end-with-change", action="store_true")
     ap.add_argument("--wait-for-replacement", action="store_true")
+    ap.add_argument("--preempt-after-epoch", type=int, default=-1)
+    ap.add_argument("--log", default="")
     a = ap.parse_args()
     config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
               "kill_before": a.kill_before,
               "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
               "end_with_change": a.end_with_change,
               "at_the_end": os.path.join(os.path.abspath(a.storage), a.name + ".at-the-end"),
-              "wait_for_replacement": a.wait_for_replacement}
+              "wait_for_replacement": a.wait_for_replacement,
+              "preempt_after_epoch": a.preempt_after_epoch, "log": os.path.abspath(a.log)}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
     trainer = train.TorchTrainer(

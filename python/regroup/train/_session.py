@@ -198,7 +198,11 @@ class Session:
         that a replacement always joins at the same kind of point: mid-epoch, after the
         checkpoint of the epoch before was reported.
         A preemption takes the last checkpoint on every rank; the leaving node's workers
-        exit."""
+        exit. Seen at an epoch's last step, it waits for the user's report of that epoch
+        (the notice stays posted), or the next step's boundary if the loop reports no epoch:
+        the last checkpoint is then the epoch's own. Taken at the step itself, it would hold
+        the previous epoch's values with the position after this one, and the loop resumed
+        from it would run that epoch again on a loader already past it."""
         try:
             # (the checkpoint's tensors, broadcast from rank 0: a failure there regroups too)
             state = self._checkpoint_state(checkpoint) if checkpoint is not None else None
@@ -206,6 +210,8 @@ class Session:
                             epoch=self._epoch())
         except _status.MembershipChanged as e:
             n = e.notice
+            if n.preempt and checkpoint is None and not user and self._epoch_ended():
+                return
             if n.preempt:
                 self._leave(checkpoint, leaving=n.leaving or not self.in_place)
             elif not self.in_place:
