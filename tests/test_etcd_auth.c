@@ -418,8 +418,8 @@ START_TEST(test_two_jobs_side_by_side)
         snprintf(stop, sizeof(stop), "%s/stop-%s", dir, j ? "B" : "A");
         write_secret(j ? "stop-B" : "stop-A", "", 0600, stop, sizeof(stop));
     }
-    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
-    ck_assert_int_eq(test_wait_exit(b, 180000), 0);
+    test_expect_exit(a, 180000, 0);
+    test_expect_exit(b, 180000, 0);
     const char *jobs[] = {"A", "B"};
     for (int j = 0; j < 2; j++) {
         ck_assert_msg(test_log_has(dir, jobs[j], "killing myself at step 12"), "job %s: no kill",

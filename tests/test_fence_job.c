@@ -127,7 +127,7 @@ START_TEST(test_stopped_agent_is_fenced)
                         test_log_has(dir, "b", "this agent's lease was lost"),
                     30000, "the stopped node went on as if it were a member");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    test_expect_exit(a, 180000, 0);
     (void)test_wait_exit(b, 180000);   /* it rejoins, or finds the job finished without it */
     ck_assert_msg(test_log_has(dir, "a", "exact=1"), "the job did not end with the exact result");
     ck_assert_int_gt(check_no_stale_writes("stopped"), 0);
@@ -150,10 +150,10 @@ START_TEST(test_node_loss_not_counted)
     ck_assert_int_eq(kill(b, SIGKILL), 0);
     kill(w[0], SIGKILL);
     kill(w[1], SIGKILL);
-    ck_assert_int_eq(test_wait_exit(b, 10000), 128 + SIGKILL);
+    test_expect_exit(b, 10000, 128 + SIGKILL);
     test_wait_log(dir, "a", "ranks 0..1 of 2,", 60000);
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    test_expect_exit(a, 180000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world 2");
     ck_assert_msg(test_log_has(dir, "a", "worker rank"), "the survivor's workers did not fail");
@@ -182,10 +182,10 @@ START_TEST(test_preemption_not_counted)
 
     start_pair("preempted", 2, "--max-restarts=0", &a, &b);
     ck_assert_int_eq(kill(b, SIGTERM), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
+    test_expect_exit(b, 30000, 128 + SIGTERM);
     test_wait_log(dir, "a", "ranks 0..1 of 2,", 60000);
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 180000), 0);
+    test_expect_exit(a, 180000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world 2");
     ck_assert_int_gt(check_no_stale_writes("preempted"), 0);
@@ -206,7 +206,7 @@ START_TEST(test_stopped_worker_found_hung)
     ck_assert_int_eq(kill(w, SIGSTOP), 0);
     test_wait_log(dir, "job", "is hung: no heartbeat", 60000);
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    test_expect_exit(pid, 120000, 0);
     ck_assert_msg(test_log_has(dir, "job", "is hung: no heartbeat"), "the hang was not found");
     ck_assert_msg(test_log_has(dir, "job", "exact=1"), "the job did not end with the exact result");
 }

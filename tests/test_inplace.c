@@ -133,7 +133,7 @@ static pid_t start_one_node(const char *name, int world, char *const *extra, int
 /* The job of start_one_node ends exactly, in place. */
 static void end_one_node(const char *name, pid_t pid)
 {
-    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    test_expect_exit(pid, 120000, 0);
     ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     ck_assert_msg(test_log_has(dir, name, "regrouped: "), "%s: nobody regrouped", name);
     ck_assert_msg(!test_log_has(dir, name, "resumed from step"), "%s: resumed from a checkpoint",
@@ -226,7 +226,7 @@ START_TEST(test_inplace_member_lost_before_keepalive)
     pid_t job = start_one_node("lost", 4, extra, 5);
     unsetenv("UCX_KEEPALIVE_INTERVAL");
     unsetenv("REGROUP_COMM_TIMEOUT_MS");
-    ck_assert_int_eq(test_wait_exit(job, 40000), 0);
+    test_expect_exit(job, 40000, 0);
     ck_assert(test_log_has(dir, "lost", "exact=1"));
     ck_assert(test_log_has(dir, "lost", "killing myself in the allreduce of step 27"));
     ck_assert_msg(test_log_has(dir, "lost", "a member of round 0 is lost: this node's agent "
@@ -513,7 +513,7 @@ static void two_nodes_sig(const char *nnodes, int sig, pid_t *a, pid_t *b)
     unsetenv("REGROUP_LOG_LEVEL");
     wait_training();
     ck_assert_int_eq(kill(*b, sig), 0);
-    ck_assert_int_eq(test_wait_exit(*b, 30000), 128 + sig);
+    test_expect_exit(*b, 30000, 128 + sig);
 }
 
 static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
@@ -529,7 +529,7 @@ START_TEST(test_inplace_node_loss)
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
                     "node a did not regroup without node b");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    test_expect_exit(a, 120000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
     ck_assert(!test_log_has(dir, "a", "resumed from step"));
@@ -585,11 +585,11 @@ START_TEST(test_inplace_table_lost_falls_back_to_disk)
     ck_assert_int_gt(victim, 0);
     ck_assert_int_eq(kill(b, SIGKILL), 0);
     ck_assert_int_eq(kill(victim, SIGKILL), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    test_expect_exit(b, 30000, 128 + SIGKILL);
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "resumed from step"), 60000,
                     "the job did not restart from its checkpoint");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    test_expect_exit(a, 120000, 0);
     ck_assert_msg(test_log_has(dir, "a", "held by no member"),
                   "the regroup did not find the rows lost");
     ck_assert_msg(test_log_has(dir, "a", "resumed from step"),
@@ -613,7 +613,7 @@ START_TEST(test_inplace_hang_while_joining)
     unsetenv("REGROUP_LOG_LEVEL");
     wait_training();
     ck_assert_int_eq(kill(b, SIGKILL), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    test_expect_exit(b, 30000, 128 + SIGKILL);
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouping in place"), 30000,
                     "node a did not start to regroup without node b");
     pids_t p;
@@ -666,8 +666,8 @@ static void node_joins(int nproc_a, int nproc_b)
     TEST_WAIT_UNTIL(log_lines("b", "received from rank", NULL) == nproc_b, 60000,
                     "node b's workers did not receive the state");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    test_expect_exit(a, 120000, 0);
+    test_expect_exit(b, 30000, 0);
     check_joined("a", "b", world);
     check_pids("a", nproc_a, nproc_a);
 }
@@ -721,12 +721,12 @@ START_TEST(test_inplace_node_waits_at_max_size)
     pid_t c = start_node("c", "--nnodes=1:2", "--nproc-per-node=2", conf);
     TEST_WAIT_UNTIL(waiting_nodes() == 1, 60000, "node c does not wait to join");
     ck_assert_int_eq(kill(b, SIGKILL), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGKILL);
+    test_expect_exit(b, 30000, 128 + SIGKILL);
     TEST_WAIT_UNTIL(log_lines("c", "received from rank", NULL) == 2, 60000,
                     "node c's workers did not receive the state");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(c, 30000), 0);
+    test_expect_exit(a, 120000, 0);
+    test_expect_exit(c, 30000, 0);
     check_joined("a", "c", "world=4");
     ck_assert_msg(test_log_has(dir, "c", "wait for room"),
                   "node c's newcomers did not wait at the maximum size");
@@ -764,8 +764,8 @@ START_TEST(test_inplace_joining_newcomer_killed_mid_transfer)
                     "not both newcomers receive the state %s", in);
     ck_assert_int_eq(log_lines("a", "receives the state", in), 0);
     stop_and_kill(newcomer);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 0);
+    test_expect_exit(a, 120000, 0);
+    test_expect_exit(b, 30000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=4"),
                   "the job did not finish exactly at world size 4");
     ck_assert_int_eq(log_lines("a", "broke off in buffer 1 of 2", "members"), 1);
@@ -796,7 +796,7 @@ START_TEST(test_inplace_preemption)
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
                     "the survivors did not regroup in place");
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
+    test_expect_exit(a, 120000, 0);
     /* Rank 0 says how the last checkpoint went: on a, which stays, or on b, which leaves. */
     ck_assert_msg(test_log_has(dir, "a", "a node leaves at step") ||
                       test_log_has(dir, "b", "left at step"),
@@ -869,7 +869,7 @@ START_TEST(test_inplace_sigterm_while_rejoining)
     TEST_WAIT_UNTIL(test_log_has(dir, "a", "SIGTERM while joining in place"), 3000,
                     "the SIGTERM did not come while node a joined");
     ck_assert_int_eq(kill(b, SIGCONT), 0);
-    ck_assert_int_eq(test_wait_exit(a, 60000), 128 + SIGTERM);
+    test_expect_exit(a, 60000, 128 + SIGTERM);
     long left = RG_MAX(last_checkpoint_step("a"), last_checkpoint_step("b"));
     ck_assert_msg(left > 0, "no last checkpoint committed before node a left");
     int64_t *steps = NULL;
@@ -927,7 +927,7 @@ START_TEST(test_inplace_sigterm_during_a_planned_change)
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(kill(p.started[i], SIGCONT), 0);
     }
-    ck_assert_int_eq(test_wait_exit(a, 60000), 128 + SIGTERM);
+    test_expect_exit(a, 60000, 128 + SIGTERM);
     ck_assert_msg(!test_log_has(dir, "a", "no last checkpoint"),
                   "node a's workers' last checkpoint did not commit");
     long left = RG_MAX(last_checkpoint_step("a"), last_checkpoint_step("b"));
@@ -938,7 +938,7 @@ START_TEST(test_inplace_sigterm_during_a_planned_change)
      * along) and asks for a restart: a node that leaves takes no part in it. Before, b
      * restarted the job in a fresh worker and trained to the end as if never told to go. */
     ck_assert_int_eq(kill(b, SIGTERM), 0);
-    ck_assert_int_eq(test_wait_exit(b, 30000), 128 + SIGTERM);
+    test_expect_exit(b, 30000, 128 + SIGTERM);
     ck_assert_msg(test_log_has(dir, "b", "this node left the job"), "node b did not leave");
     ck_assert_msg(!test_log_has(dir, "b", "exact="), "node b trained to the end of the job");
     check_pids("a", 0, 0);   /* (only that none is left behind) */
@@ -952,7 +952,7 @@ START_TEST(test_inplace_below_min)
     pid_t b;
     two_nodes("--nnodes=2", &a, &b);
     /* Bounded: the lease TTL, then the join timeout (8 s). */
-    ck_assert_int_eq(test_wait_exit(a, 60000), 1);
+    test_expect_exit(a, 60000, 1);
     ck_assert_msg(test_log_has(dir, "a", "did not close within the join timeout"),
                   "no clear failure when the job fell below its minimum");
     pids_t p;
@@ -973,7 +973,7 @@ START_TEST(test_inplace_non_api_worker)
     snprintf(script, sizeof(script), "test -e %s && exit 0; touch %s; exit 3", marker, marker);
     char *argv[] = {REGROUP_BIN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
                     "--recovery=in-place", "--no-python", "/bin/sh", "-c", script, NULL};
-    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "plain", argv), 60000), 0);
+    test_expect_exit(test_spawn_logged(dir, "plain", argv), 60000, 0);
     ck_assert(test_log_has(dir, "plain", "--recovery=in-place: local rank"));
     ck_assert(test_log_has(dir, "plain", "the job restarts as with --recovery=restart"));
 }
@@ -984,7 +984,7 @@ START_TEST(test_inplace_trainer_fit)
 {
     char *argv[] = {RG_EXACT_BIN, "--trainer", "3", "--trainer-in-place", "--ckpt-root", ckpt,
                     "--kill-at", "22", "--kill-rank", "1", "--work", "3000", NULL};
-    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "trainer", argv), 120000), 0);
+    test_expect_exit(test_spawn_logged(dir, "trainer", argv), 120000, 0);
     ck_assert(test_log_has(dir, "trainer", "killing myself at step 22"));
     ck_assert(test_log_has(dir, "trainer", "regrouped: "));
     ck_assert(!test_log_has(dir, "trainer", "resumed from step"));
@@ -1001,7 +1001,7 @@ START_TEST(test_inplace_fmnist)
                     "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
                     "100", "--kill-at", "300", "--kill-rank", "1", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "fmnist", argv), 240000), 0);
+    test_expect_exit(test_spawn_logged(dir, "fmnist", argv), 240000, 0);
     ck_assert(test_log_has(dir, "fmnist", "killing myself at step 300"));
     ck_assert_msg(
         test_log_has(dir, "fmnist", "regrouped in place (a peer failed): round 1 world 2"),
@@ -1021,7 +1021,7 @@ START_TEST(test_inplace_fmnist_kill_before_training)
                     "--recovery=in-place", RG_FMNIST_BIN, "--epochs", "1", "--log-every",
                     "100", "--kill-at", "start", "--kill-rank", "1", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "fmstart", argv), 240000), 0);
+    test_expect_exit(test_spawn_logged(dir, "fmstart", argv), 240000, 0);
     ck_assert(test_log_has(dir, "fmstart", "killing myself before training"));
     ck_assert_msg(test_log_has(dir, "fmstart", "regrouped in place (a peer failed before "
                                "training): round 1 world 2, step 0"),

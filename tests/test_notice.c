@@ -174,7 +174,7 @@ static void check_no_step_lost(const job_t *j)
     /* The survivor resumed alone: the rest of its run would only take time. */
     test_wait_log(dir, "a", "resumed from step ", 120000);
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(j->a, 240000), 0);
+    test_expect_exit(j->a, 240000, 0);
     long left = log_number("a", "left at step ");
     if (left < 0) {
         left = log_number("b", "left at step ");
@@ -197,7 +197,7 @@ START_TEST(test_aws_notice_while_training)
     job_t j = start_pair("aws", "aws", NULL, "40", "20000", "0");
     ck_assert(!test_log_has(dir, "b", "leaves the job"));
     meta_state("notice 60");
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
+    test_expect_exit(j.b, 120000, 0);
     ck_assert(
         test_log_has(dir, "b", "this node left the job (aws spot instance-action: terminate at"));
     ck_assert(test_log_has(dir, "a", "leaves: aws spot instance-action"));
@@ -214,7 +214,7 @@ START_TEST(test_gce_notice_while_training)
     meta_up("gce", "none");
     job_t j = start_pair("gce", "gce", NULL, "40", "20000", "0");
     meta_state("notice 0");
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
+    test_expect_exit(j.b, 120000, 0);
     ck_assert(test_log_has(dir, "b", "this node left the job (gce instance/preempted: TRUE"));
     check_no_step_lost(&j);
 }
@@ -225,7 +225,7 @@ START_TEST(test_azure_notice_while_training)
     meta_up("azure", "none");
     job_t j = start_pair("azure", "azure", NULL, "40", "20000", "0");
     meta_state("notice 45");
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
+    test_expect_exit(j.b, 120000, 0);
     ck_assert(test_log_has(dir, "b", "this node left the job (azure scheduled event Preempt"));
     check_no_step_lost(&j);
     /* the agent acknowledged the event once its workers were done */
@@ -255,8 +255,8 @@ START_TEST(test_fmnist_notice)
     test_wait_log(dir, "a", " of 2, restart 0)", 60000);
     TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 120000, "no checkpoint committed within 120 s");
     meta_state("notice 60");
-    ck_assert_int_eq(test_wait_exit(b, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(a, 400000), 0);
+    test_expect_exit(b, 120000, 0);
+    test_expect_exit(a, 400000, 0);
     long left = log_number("a", "left at step ");
     if (left < 0) {
         left = log_number("b", "left at step ");
@@ -277,10 +277,10 @@ START_TEST(test_notice_too_late_falls_back)
     meta_up("aws", "none");
     job_t j = start_pair("late", "aws", NULL, "40", "20000", "0");
     meta_state("notice -5");
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 0);
+    test_expect_exit(j.b, 120000, 0);
     test_wait_log(dir, "a", "resumed from step ", 120000);
     test_end_training(dir);
-    ck_assert_int_eq(test_wait_exit(j.a, 240000), 0);
+    test_expect_exit(j.a, 240000, 0);
     ck_assert_msg(!test_log_has(dir, "a", "checkpoint committed") &&
                       !test_log_has(dir, "b", "checkpoint committed"),
                   "a last checkpoint was taken with no time left");
@@ -306,7 +306,7 @@ START_TEST(test_sigterm_during_last_save)
     test_wait_log(dir, "b", "this node leaves the job: aws", 30000);
     ck_assert_msg(!test_log_has(dir, "b", "left the job"), "the node left before its SIGTERM");
     ck_assert_int_eq(kill(j.b, SIGTERM), 0);
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 128 + SIGTERM);
+    test_expect_exit(j.b, 120000, 128 + SIGTERM);
     ck_assert(test_log_has(dir, "b", "then SIGTERM"));
     check_no_step_lost(&j);
 }
@@ -317,7 +317,7 @@ START_TEST(test_sigterm_is_a_notice)
 {
     job_t j = start_pair("sig", "none", "--grace-period=20", "40", "20000", "0");
     ck_assert_int_eq(kill(j.b, SIGTERM), 0);
-    ck_assert_int_eq(test_wait_exit(j.b, 120000), 128 + SIGTERM);
+    test_expect_exit(j.b, 120000, 128 + SIGTERM);
     ck_assert(test_log_has(dir, "b", "this node leaves the job: SIGTERM"));
     check_no_step_lost(&j);
 }
@@ -351,7 +351,7 @@ START_TEST(test_plain_program_and_status)
                   "regroup status does not show the leaving node: %s", out);
     /* the program ignores SIGTERM: the agent's own SIGTERM ends it within the grace period */
     ck_assert_int_eq(kill(p, SIGTERM), 0);
-    ck_assert_int_eq(test_wait_exit(p, 30000), 128 + SIGTERM);
+    test_expect_exit(p, 30000, 128 + SIGTERM);
     ck_assert(test_log_has(dir, "plain", "ignored SIGTERM") ||
               test_log_has(dir, "plain", "still running"));
 }
@@ -369,7 +369,7 @@ START_TEST(test_notice_while_joining)
     pid_t p = test_spawn_logged(dir, "joining", argv);
     test_wait_log(dir, "joining", "rendezvous: joined round 0", 30000);
     meta_state("notice 30");
-    ck_assert_int_eq(test_wait_exit(p, 30000), 0);
+    test_expect_exit(p, 30000, 0);
     ck_assert(test_log_has(dir, "joining", "this node left the job before joining it (aws spot"));
     ck_assert(!test_log_has(dir, "joining", "started 1 workers"));
 }
@@ -388,7 +388,7 @@ START_TEST(test_auto_finds_the_service)
     test_wait_log(dir, "auto", "--preemption-notice=auto: found azure at http://127.0.0.1:", 30000);
     test_wait_log(dir, "auto", "(ranks 0..0 of 1,", 30000);
     meta_state("notice 40");
-    ck_assert_int_eq(test_wait_exit(p, 60000), 0);
+    test_expect_exit(p, 60000, 0);
     ck_assert(test_log_has(dir, "auto", "this node left the job (azure scheduled event Preempt"));
     ck_assert(test_file_contains(server_log, "ack 602d9444-d2cd-49c7-8624-8643e7171297"));
 }
@@ -406,7 +406,7 @@ static void run_unhealthy(const char *name, const char *notice, const char *meta
                     "--epochs", "30", "--work", "20000", NULL};
     pid_t p = test_spawn_logged(dir, name, argv);
     test_wait_log(dir, name, warning, 60000);
-    ck_assert_int_eq(test_wait_exit(p, 240000), 0);
+    test_expect_exit(p, 240000, 0);
     ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     ck_assert(!test_log_has(dir, name, "leaves the job"));
     unsetenv("REGROUP_METADATA_URL");

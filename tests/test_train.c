@@ -104,7 +104,7 @@ static void run_exact(int world, const char *kill_at)
                     "--table-rows", "300", "--trace", tr, kill_at ? "--kill-at" : NULL,
                     (char *)kill_at, "--kill-rank", "1", NULL};
     pid_t pid = test_spawn_logged(dir, "job", argv);
-    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    test_expect_exit(pid, 120000, 0);
     ck_assert_msg(test_log_has(dir, "job", "exact=1") && test_log_has(dir, "job", "table=1"),
                   "no exact=1 and table=1 at world %d", world);
     check_exactly_once(EPOCHS, SAMPLES);
@@ -154,8 +154,8 @@ START_TEST(test_exact_with_node_joining)
      * being written), the second node starts. */
     TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
     pid_t b = test_spawn_logged(dir, "b", argv);
-    ck_assert_int_eq(test_wait_exit(a, 120000), 0);
-    ck_assert_int_eq(test_wait_exit(b, 120000), 0);
+    test_expect_exit(a, 120000, 0);
+    test_expect_exit(b, 120000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
                   "the job did not finish exactly at world size 2");
     check_exactly_once(EPOCHS, SAMPLES);
@@ -177,7 +177,7 @@ static void run_exact_on(const char *name, const char *endpoints, const char *co
     char *argv[] = {REGROUP_BIN, ep, id, "--nnodes=1", "--nproc-per-node=2", (char *)conf,
                     RG_EXACT_BIN, "--epochs", "2", NULL};
     pid_t pid = test_spawn_logged(dir, name, argv);
-    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    test_expect_exit(pid, 120000, 0);
     ck_assert_msg(test_log_has(dir, name, "exact=1"), "%s: no exact=1", name);
     setenv("REGROUP_CKPT_DIR", ckpt, 1);
 }
@@ -194,7 +194,7 @@ START_TEST(test_exact_secured_etcd)
     char ep[600];
     snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
     char *status_argv[] = {REGROUP_BIN, "status", ep, "--rdzv-id=tls", conf, NULL};
-    ck_assert_int_eq(test_wait_exit(test_spawn_logged(dir, "status", status_argv), 30000), 0);
+    test_expect_exit(test_spawn_logged(dir, "status", status_argv), 30000, 0);
     ck_assert_msg(test_log_has(dir, "status", "job:     tls"),
                   "regroup status did not read the job");
     test_etcd_down(&etcd);
@@ -212,7 +212,7 @@ START_TEST(test_trainer_fit)
     char *argv[] = {RG_EXACT_BIN, "--trainer", "2", "--ckpt-root", ckpt, "--kill-at", "22",
                     "--kill-rank", "1", NULL};
     pid_t pid = test_spawn_logged(dir, "trainer", argv);
-    ck_assert_int_eq(test_wait_exit(pid, 120000), 0);
+    test_expect_exit(pid, 120000, 0);
     ck_assert(test_log_has(dir, "trainer", "killing myself at step 22"));
     ck_assert(test_log_has(dir, "trainer", "exact=1"));
     ck_assert(test_log_has(dir, "trainer", "trainer: the job finished"));
@@ -226,7 +226,7 @@ START_TEST(test_mlp_loss_falls_at_world_2)
                     "--epochs", "1", "--log-every", "50", "--ckpt-every", "100", NULL};
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     pid_t pid = test_spawn_logged(dir, "mlp", argv);
-    ck_assert_int_eq(test_wait_exit(pid, 240000), 0);
+    test_expect_exit(pid, 240000, 0);
     char path[400];
     char line[256];
     double first = -1;

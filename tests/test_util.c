@@ -125,6 +125,15 @@ int test_wait_exit(pid_t pid, int timeout_ms)
     return rc;
 }
 
+void test_expect_exit(pid_t pid, int timeout_ms, int want)
+{
+    int rc = test_wait_exit(pid, timeout_ms);
+    if (rc != want) {
+        test_dump_job_logs();
+        ck_abort_msg("pid %d exited with status %d, not %d", (int)pid, rc, want);
+    }
+}
+
 int test_run(char *const argv[], const char *log_path, int timeout_ms)
 {
     return test_wait_exit(test_spawn(argv, log_path), timeout_ms);

@@ -88,6 +88,9 @@ pid_t test_spawn(char *const argv[], const char *log_path);
 /* Waits for a child of ours to exit and reaps it: its exit status, or 128 + the signal that
  * ended it. Past timeout_ms it is SIGKILLed and reaped, and the test fails. */
 int test_wait_exit(pid_t pid, int timeout_ms);
+/* test_wait_exit that fails the test, with the job logs (test_dump_job_logs), unless the
+ * status is want. */
+void test_expect_exit(pid_t pid, int timeout_ms, int want);
 /* test_spawn + test_wait_exit. */
 int test_run(char *const argv[], const char *log_path, int timeout_ms);
 /* test_run with both streams to log_path, then the first cap - 1 bytes of it into out
