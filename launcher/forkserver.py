@@ -14,6 +14,7 @@
 # becomes its parent, reaps it and signals its process group as it does a worker it execs.
 # On the start pipe the worker writes an errno (negative: the CPU binding failed) or closes
 # it once it runs the program, as exec's close-on-exec would.
+import errno
 import fcntl
 import os
 import signal
@@ -82,11 +83,20 @@ def _start_failed(start_fd, err):
 
 
 def _worker(req, received, agent, sock):
-    """In the worker, before the program: what the agent's exec path does in the child."""
+    """In the worker, before the program: what the agent's exec path does in the child. A
+    system call failing there is said on the start pipe, as a failed exec would be."""
+    start = [received[2]]
+    try:
+        return _setup(req, received, agent, sock, start)
+    except OSError as e:
+        _start_failed(start[0], e.errno or errno.EIO)
+
+
+def _setup(req, received, agent, sock, start):
     mode, target, args, env, cpus, mask, targets = req
     os.setpgid(0, 0)
     sock.close()
-    start_fd = _place_fds(received, targets)
+    start_fd = start[0] = _place_fds(received, targets)
     deadline = time.monotonic() + REPARENT_S
     while os.getppid() != agent:   # until the middle child's exit gives us to the agent
         if time.monotonic() > deadline:

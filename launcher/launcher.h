@@ -270,16 +270,6 @@ typedef struct {
     uint64_t stale_cpu;         /* the beating process's CPU ticks then */
 } launcher_worker_t;
 
-/* The fork server of --preload (launcher_fork.c). */
-typedef struct {
-    pid_t pid;                  /* 0: none (or gone: workers start by exec) */
-    int   sock;                 /* the agent's end of its socket, -1: none */
-    bool  ready;                /* it said it imported the modules */
-    char  error[1024];          /* why it could not, once known: what each start says */
-    int   prev_subreaper;       /* PR_GET_CHILD_SUBREAPER before it started */
-    bool  subreaper_set;
-} launcher_fork_t;
-
 /* A Python PROGRAM as a fork server runs it: `python3 -u SCRIPT.py`, `python3 -u -m MOD`, or
  * with --no-python `PYTHON [-u -B -s -E] SCRIPT|-m MOD`; then cfg->argv[first_arg..]. */
 typedef struct {
@@ -290,6 +280,17 @@ typedef struct {
     const char *target;         /* the script or the module */
     int         first_arg;
 } launcher_pycmd_t;
+
+/* The fork server of --preload (launcher_fork.c). */
+typedef struct {
+    launcher_pycmd_t cmd;       /* the PROGRAM it runs (its strings are cfg->argv's) */
+    pid_t pid;                  /* 0: none (or gone: workers start by exec) */
+    int   sock;                 /* the agent's end of its socket, -1: none */
+    bool  ready;                /* it said it imported the modules */
+    char  error[1024];          /* why it could not, once known: what each start says */
+    int   prev_subreaper;       /* PR_GET_CHILD_SUBREAPER before it started */
+    bool  subreaper_set;
+} launcher_fork_t;
 
 rg_status_t launcher_python_cmd(const rg_agent_params_t *p, launcher_pycmd_t *c);
 /* RG_OK, or RG_EINVAL saying why p->preload or the program does not go together. */

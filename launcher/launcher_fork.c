@@ -114,7 +114,6 @@ rg_status_t launcher_preload_check(const rg_agent_params_t *p)
 rg_status_t launcher_fork_start(launcher_fork_t *f, const rg_agent_params_t *cfg,
                                 char **envp, const sigset_t *child_mask)
 {
-    launcher_pycmd_t c;
     int sv[2];
     char fd_arg[16];
     char agent_arg[16];
@@ -122,10 +121,11 @@ rg_status_t launcher_fork_start(launcher_fork_t *f, const rg_agent_params_t *cfg
 
     memset(f, 0, sizeof(*f));
     f->sock = -1;
-    rg_status_t st = launcher_python_cmd(cfg, &c);
+    rg_status_t st = launcher_python_cmd(cfg, &f->cmd);
     if (st != RG_OK) {
         return st;
     }
+    const launcher_pycmd_t c = f->cmd;
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
         return rg_error(RG_ESYS, "--preload: socketpair: %s", strerror(errno));
     }
@@ -305,14 +305,13 @@ rg_status_t launcher_fork_spawn(launcher_fork_t *f, const rg_agent_params_t *cfg
                                 const sigset_t *mask, const cpu_set_t *cpus, const int *fds,
                                 const int *targets, int n_keep, pid_t *pid)
 {
-    launcher_pycmd_t c;
+    const launcher_pycmd_t *c = &f->cmd;
     char reply[4200];
 
     if (f->error[0] != '\0') {
         return rg_error(RG_EINVAL, "%s", f->error);
     }
-    if (!launcher_fork_usable(f) || 3 + n_keep > FORK_FDS_MAX ||
-        launcher_python_cmd(cfg, &c) != RG_OK) {
+    if (!launcher_fork_usable(f) || 3 + n_keep > FORK_FDS_MAX) {
         return RG_EAGAIN;
     }
     if (!f->ready) {
@@ -323,7 +322,7 @@ rg_status_t launcher_fork_spawn(launcher_fork_t *f, const rg_agent_params_t *cfg
         }
         if (strncmp(reply, "error ", 6) == 0) {
             /* The user's to mend: every worker would meet the same import. */
-            set_error(f, "--preload=%s: %s: %s", cfg->preload, c.interp, reply + 6);
+            set_error(f, "--preload=%s: %s: %s", cfg->preload, c->interp, reply + 6);
             fork_lost(f, NULL);
             return rg_error(RG_EINVAL, "%s", f->error);
         }
@@ -339,7 +338,7 @@ rg_status_t launcher_fork_spawn(launcher_fork_t *f, const rg_agent_params_t *cfg
     if (msg == NULL) {
         return RG_EAGAIN;
     }
-    if (!fork_request(msg, &len, &c, cfg, envp, mask, cpus, targets, n_keep)) {
+    if (!fork_request(msg, &len, c, cfg, envp, mask, cpus, targets, n_keep)) {
         free(msg);
         rg_warn("a worker's command line and environment exceed the fork server's %d bytes: "
                 "started by exec", FORK_MSG_MAX);
