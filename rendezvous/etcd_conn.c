@@ -8,6 +8,11 @@
 /* A connect attempt gets at most this share of the time left, so a dead endpoint that
  * swallows SYNs still leaves time for the next one. */
 #define ETCD_CONNECT_TIMEOUT_MS 1000
+/* With other endpoints to try, an answer that takes longer than this on the first round of
+ * failover leaves the member for the next one: a member that takes connections but does not
+ * answer (stopped, cut off from its leader) costs a request this much, not its deadline. The
+ * second round gives each the time left, in case every member is slow. */
+#define ETCD_ANSWER_MS          1000
 #define ETCD_MAX_ERRMSG         200
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -274,15 +279,14 @@ static rg_status_t status_from_curl(etcd_conn_t *conn, size_t i, const char *pat
     }
 }
 
-/* One POST to endpoint i. On success *http_p is the HTTP status and conn->resp the body. */
+/* One POST to endpoint i. On success *http_p is the HTTP status and conn->resp the body.
+ * patient: the whole time left, even with other endpoints to try (ETCD_ANSWER_MS). */
 static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, const char *body,
-                             rg_deadline_t deadline, long *http_p)
+                             rg_deadline_t deadline, bool patient, long *http_p)
 {
     struct curl_slist *headers = NULL;
     int64_t left = rg_deadline_left_ms(deadline);
-    /* With other endpoints to try, one that hangs (a member cut off from its leader) may
-     * take only part of the time left. */
-    int64_t attempt_ms = conn->n_urls > 1 ? RG_MAX(left / 2, RG_MIN(left, 1000)) : left;
+    int64_t attempt_ms = conn->n_urls > 1 && !patient ? RG_MIN(left, ETCD_ANSWER_MS) : left;
     CURLcode rc;
     rg_status_t st;
 
@@ -331,7 +335,7 @@ static rg_status_t authenticate(etcd_conn_t *conn, size_t i, rg_deadline_t deadl
     }
     free(conn->token);
     conn->token = NULL;
-    st = post_once(conn, i, "/v3/auth/authenticate", body, deadline, &http);
+    st = post_once(conn, i, "/v3/auth/authenticate", body, deadline, false, &http);
     free(body);
     if (st != RG_OK) {
         return st;
@@ -419,7 +423,7 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
         }
         st = etcd_conn_ensure_auth(conn, i, deadline);
         if (st == RG_OK) {
-            st = post_once(conn, i, path, text, deadline, &http);
+            st = post_once(conn, i, path, text, deadline, a >= conn->n_urls, &http);
         }
         if (st == RG_OK && http == 401 && conn->user != NULL && !reauthed) {
             /* The token expired (etcd's simple tokens live 300 s): get a new one, once. */

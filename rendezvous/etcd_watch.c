@@ -23,6 +23,12 @@
 #define WATCH_BACKOFF_MIN_MS  20
 #define WATCH_BACKOFF_MAX_MS  500
 #define WATCH_CONFIRM_MS      3000   /* a stream must say "created" within this */
+/* A confirmed stream quiet for WATCH_QUIET_MS is asked after with a read of its key at the
+ * same member (linearizable: a member cut off from its leader cannot answer it either);
+ * no answer within WATCH_PROBE_MS leaves the member for the next endpoint, where the stream
+ * resumes at next_rev. A silent member sends no events and says nothing else either. */
+#define WATCH_QUIET_MS        1000
+#define WATCH_PROBE_MS        1000
 
 struct rg_etcd_watch {
     etcd_conn_t     conn;          /* endpoints, auth and TLS; used only by the thread */
@@ -40,6 +46,7 @@ struct rg_etcd_watch {
     rg_dbuf_t       line;
     int64_t         next_rev;      /* start revision for the next (re)connect; 0 = now */
     bool            connected;     /* the current stream said "created" */
+    uint64_t        heard_ns;      /* when the current member last said anything */
     /* shared state, under mu */
     rg_etcd_event_t *queue;
     size_t          q_head;
@@ -223,6 +230,8 @@ static size_t stream_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
     size_t n = size * nmemb;
     char *nl;
 
+    w->heard_ns = rg_now_ns();
+
     if (rg_dbuf_append(&w->line, ptr, n) != RG_OK) {
         rg_warn("watch: a stream line is over %u bytes; reconnecting", WATCH_MAX_LINE);
         return 0;
@@ -274,12 +283,82 @@ static char *request_body(rg_etcd_watch_t *w)
     return text;
 }
 
-/* Runs one stream on endpoint i until it ends or the watch stops. */
-static void run_stream(rg_etcd_watch_t *w, CURL *easy, size_t i)
+static size_t discard_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    (void)ptr;
+    (void)userdata;
+    return size * nmemb;
+}
+
+/* The quiet stream's check (WATCH_QUIET_MS): a count-only read of the watched key. */
+typedef struct {
+    CURL              *easy;       /* NULL: none can be made (the stream goes unchecked) */
+    char              *body;
+    struct curl_slist *headers;
+    bool               active;
+    char               errbuf[CURL_ERROR_SIZE];
+} watch_probe_t;
+
+static void probe_init(rg_etcd_watch_t *w, watch_probe_t *pr)
+{
+    json_t *req = json_object();
+    memset(pr, 0, sizeof(*pr));
+    if (w->conn.n_urls < 2 || req == NULL ||
+        etcd_json_set_b64(req, "key", w->key, strlen(w->key)) != RG_OK ||
+        json_object_set_new(req, "count_only", json_true()) != 0 ||
+        (pr->body = json_dumps(req, JSON_COMPACT)) == NULL ||
+        (pr->easy = curl_easy_init()) == NULL) {
+        free(pr->body);
+        pr->body = NULL;   /* one endpoint (nowhere else to go), or no memory */
+    }
+    json_decref(req);
+}
+
+static void probe_end(rg_etcd_watch_t *w, watch_probe_t *pr)
+{
+    if (pr->active) {
+        curl_multi_remove_handle(w->multi, pr->easy);
+        pr->active = false;
+    }
+    curl_slist_free_all(pr->headers);
+    pr->headers = NULL;
+}
+
+static void probe_cleanup(rg_etcd_watch_t *w, watch_probe_t *pr)
+{
+    probe_end(w, pr);
+    if (pr->easy != NULL) {
+        curl_easy_cleanup(pr->easy);
+    }
+    free(pr->body);
+}
+
+static void probe_start(rg_etcd_watch_t *w, watch_probe_t *pr, size_t i)
+{
+    if (pr->easy == NULL || pr->active) {
+        return;
+    }
+    curl_easy_reset(pr->easy);
+    if (etcd_conn_prepare(&w->conn, pr->easy, i, "/v3/kv/range", &pr->headers) != RG_OK) {
+        return;
+    }
+    curl_easy_setopt(pr->easy, CURLOPT_ERRORBUFFER, pr->errbuf);
+    curl_easy_setopt(pr->easy, CURLOPT_POSTFIELDS, pr->body);
+    curl_easy_setopt(pr->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(pr->body));
+    curl_easy_setopt(pr->easy, CURLOPT_WRITEFUNCTION, discard_cb);
+    curl_easy_setopt(pr->easy, CURLOPT_TIMEOUT_MS, (long)WATCH_PROBE_MS);
+    curl_easy_setopt(pr->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)WATCH_PROBE_MS);
+    if (curl_multi_add_handle(w->multi, pr->easy) == CURLM_OK) {
+        pr->active = true;
+    }
+}
+
+/* Runs one stream on endpoint i until it ends, its member goes silent, or the watch stops. */
+static void run_stream(rg_etcd_watch_t *w, CURL *easy, watch_probe_t *pr, size_t i)
 {
     struct curl_slist *headers = NULL;
     char *body;
-    int running = 1;
+    bool running = true;
 
     if (etcd_conn_ensure_auth(&w->conn, i, rg_deadline_in_ms(w->conn.timeout_ms)) != RG_OK) {
         rg_info("watch: %s", rg_last_error());
@@ -303,32 +382,57 @@ static void run_stream(rg_etcd_watch_t *w, CURL *easy, size_t i)
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
     curl_multi_add_handle(w->multi, easy);
     uint64_t confirm_by = rg_now_ns() + WATCH_CONFIRM_MS * 1000000ull;
+    w->heard_ns = rg_now_ns();
     while (running && !watch_stopping(w)) {
-        if (!w->connected && rg_now_ns() > confirm_by) {
+        uint64_t now = rg_now_ns();
+        if (!w->connected && now > confirm_by) {
             /* A member that takes the connection but never confirms the watch (still
              * starting, or cut off) must not hold it: try the next one. */
             rg_info("watch on %s: %s did not confirm within %d ms; trying the next endpoint",
                     w->key, w->conn.urls[i], WATCH_CONFIRM_MS);
             break;
         }
-        CURLMcode mc = curl_multi_perform(w->multi, &running);
+        if (w->connected && !pr->active && now - w->heard_ns > WATCH_QUIET_MS * 1000000ull) {
+            probe_start(w, pr, i);
+        }
+        int n_running;
+        CURLMcode mc = curl_multi_perform(w->multi, &n_running);
         if (mc != CURLM_OK) {
             rg_warn("watch: curl_multi_perform: %s", curl_multi_strerror(mc));
             break;
         }
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(w->multi, &left)) != NULL) {
+            if (m->msg != CURLMSG_DONE) {
+                continue;
+            }
+            if (m->easy_handle == easy) {
+                running = false;
+                if (m->data.result != CURLE_OK && !watch_stopping(w)) {
+                    rg_info("watch on %s: stream from %s ended: %s", w->key, w->conn.urls[i],
+                            curl_easy_strerror(m->data.result));
+                }
+                continue;
+            }
+            long http = 0;
+            curl_easy_getinfo(pr->easy, CURLINFO_RESPONSE_CODE, &http);
+            CURLcode rc = m->data.result;
+            probe_end(w, pr);
+            if (rc == CURLE_OK && (http == 200 || http == 401)) {   /* 401: a token aged */
+                w->heard_ns = rg_now_ns();
+            } else if (!watch_stopping(w)) {
+                rg_info("watch on %s: %s did not answer a read within %d ms (%s); trying the "
+                        "next endpoint", w->key, w->conn.urls[i], WATCH_PROBE_MS,
+                        rc != CURLE_OK ? curl_easy_strerror(rc) : "an error status");
+                running = false;
+            }
+        }
         if (running) {
-            curl_multi_poll(w->multi, NULL, 0, 1000, NULL);
+            curl_multi_poll(w->multi, NULL, 0, 200, NULL);
         }
     }
-    /* Read the transfer's result for the log. */
-    CURLMsg *m;
-    int left;
-    while ((m = curl_multi_info_read(w->multi, &left)) != NULL) {
-        if (m->msg == CURLMSG_DONE && m->data.result != CURLE_OK && !watch_stopping(w)) {
-            rg_info("watch on %s: stream from %s ended: %s", w->key, w->conn.urls[i],
-                    curl_easy_strerror(m->data.result));
-        }
-    }
+    probe_end(w, pr);
     curl_multi_remove_handle(w->multi, easy);
     curl_slist_free_all(headers);
     free(body);
@@ -340,9 +444,11 @@ static void *watch_main(void *arg)
     CURL *easy = w->conn.easy;
     int64_t backoff = WATCH_BACKOFF_MIN_MS;
     size_t i = w->conn.current;
+    watch_probe_t probe;
 
+    probe_init(w, &probe);
     while (!watch_stopping(w)) {
-        run_stream(w, easy, i);
+        run_stream(w, easy, &probe, i);
         if (watch_stopping(w)) {
             break;
         }
@@ -356,6 +462,7 @@ static void *watch_main(void *arg)
         curl_easy_reset(easy);
         curl_multi_poll(w->multi, NULL, 0, (int)backoff, NULL);
     }
+    probe_cleanup(w, &probe);
     return NULL;
 }
 
