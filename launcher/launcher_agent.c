@@ -352,7 +352,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
             }
             /* In place, only this node's own leaving excuses a failure: the others replace
              * a failed worker as always (a lost peer is no failure of theirs in place). */
-            if (failed >= 0 && (lv.own || !ag->ip.enabled) && launcher_leave_excused(&lv)) {
+            if (failed >= 0 && (lv.own || !ag->ip.enabled) && launcher_leave_explains(&lv)) {
                 /* Part of a node's leaving (a peer gone, too little time to save): not a
                  * failure of the job, and not counted against --max-restarts. */
                 launcher_worker_t *fw = &ag->ws.w[failed];

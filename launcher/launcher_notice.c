@@ -641,6 +641,25 @@ bool launcher_leave_excused(launcher_leave_t *lv)
     return lv->own || lv->others;
 }
 
+bool launcher_leave_explains(launcher_leave_t *lv)
+{
+    bool gone = false;
+    if (!launcher_leave_excused(lv) || lv->own) {
+        return lv->own;
+    }
+    if (rdzv_leaving_await_gone(lv->rdzv, rg_deadline_in_ms(LAUNCHER_LEAVE_EXPLAIN_MS),
+                                &gone) != RG_OK) {
+        rg_warn("cannot tell whether the leaving node has gone: %s (the failure is not "
+                "counted)", rg_last_error());
+        return true;
+    }
+    if (!gone) {
+        fprintf(stderr, "regroup: the leaving node is still there %d ms after the failure: "
+                "the failure is its worker's own\n", LAUNCHER_LEAVE_EXPLAIN_MS);
+    }
+    return gone;
+}
+
 bool launcher_leave_holds(launcher_leave_t *lv, rg_rdzv_change_t change)
 {
     if (change == RG_RDZV_FAILURE || change == RG_RDZV_NEW_ROUND ||

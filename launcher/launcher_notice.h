@@ -95,9 +95,16 @@ void launcher_leave_begin(launcher_leave_t *lv, const char *reason, int64_t end_
 void launcher_leave_others(launcher_leave_t *lv);
 /* The longest the agent may sleep: tick, or less when a deadline comes sooner. */
 int64_t launcher_leave_poll_ms(const launcher_leave_t *lv, int64_t tick_ms);
-/* True if a worker failure (or the workers' end) now is part of a member's leaving: then no
- * failure is recorded. Reads the round's leaving records first when none was seen yet. */
+/* True if the workers' end now is part of a member's leaving: then no failure is recorded.
+ * Reads the round's leaving records first when none was seen yet. */
 bool launcher_leave_excused(launcher_leave_t *lv);
+/* True if a worker's failure now is explained by a member's leaving: this node's own, or
+ * another's whose node goes (its workers ended, its lease revoked) within
+ * LAUNCHER_LEAVE_EXPLAIN_MS of the failure, as when the worker lost its peers there. A
+ * worker that fails while the leaving node's workers still run failed by itself: false, and
+ * the failure counts. Waits that long at most. */
+#define LAUNCHER_LEAVE_EXPLAIN_MS 3000
+bool launcher_leave_explains(launcher_leave_t *lv);
 /* What to do about a change rg_rdzv_check reported: true to keep the round running while the
  * workers finish their last checkpoint. */
 bool launcher_leave_holds(launcher_leave_t *lv, rg_rdzv_change_t change);

@@ -83,3 +83,53 @@ const rdzv_leaving_rec_t *rdzv_leaving_find(const rg_rdzv_t *z, const char *agen
     }
     return NULL;
 }
+
+/* Whether one of the leaving members of the round has no node key in nodes (a range of
+ * rounds/<r>/nodes/). */
+static bool leaving_member_gone(const rg_rdzv_t *z, const rg_etcd_range_t *nodes)
+{
+    char key[RDZV_KEY_MAX];
+    for (int i = 0; i < z->n_leaving; i++) {
+        bool member = false;
+        for (int m = 0; m < z->cur.n_members && !member; m++) {
+            member = strcmp(z->cur.members[m].agent, z->leaving[i].agent) == 0;
+        }
+        if (member &&
+            rdzv_keys_node(&z->keys, z->cur.round, z->leaving[i].agent, key, sizeof(key)) ==
+                RG_OK &&
+            !rdzv_range_has(nodes, key)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+rg_status_t rdzv_leaving_await_gone(rg_rdzv_t *z, rg_deadline_t deadline, bool *gone)
+{
+    char prefix[RDZV_KEY_MAX];
+    rg_etcd_range_req_t rq = {.key = prefix, .prefix = true, .keys_only = true};
+    rg_status_t st;
+
+    *gone = false;
+    if (!z->running || z->n_leaving == 0) {
+        return RG_OK;
+    }
+    st = rdzv_keys_nodes_prefix(&z->keys, z->cur.round, prefix, sizeof(prefix));
+    /* bounded: each pass sleeps RDZV_LEAVING_POLL_MS, and none starts after the deadline.
+     * A read has the client's own deadline, not what is left of the wait: a last read
+     * begun with a millisecond left would time out and say nothing. */
+    while (st == RG_OK) {
+        rg_etcd_range_t r;
+        st = rg_etcd_range(z->etcd, &rq, 0, &r);
+        if (st != RG_OK) {
+            break;
+        }
+        *gone = leaving_member_gone(z, &r);
+        rg_etcd_range_cleanup(&r);
+        if (*gone || rg_deadline_left_ms(deadline) <= RDZV_LEAVING_POLL_MS) {
+            break;
+        }
+        rg_sleep_ms(RDZV_LEAVING_POLL_MS);
+    }
+    return st;
+}

@@ -33,5 +33,13 @@ rg_status_t rdzv_leaving_read(rg_rdzv_t *rdzv) RG_NODISCARD;
 int rdzv_leaving_seen(const rg_rdzv_t *rdzv, const rdzv_leaving_rec_t **recs_p);
 /* The record of agent among them, or NULL. */
 const rdzv_leaving_rec_t *rdzv_leaving_find(const rg_rdzv_t *rdzv, const char *agent);
+/* Whether a member of the running round that has a leaving record (as last read) has gone
+ * from it (its lease revoked once its workers ended), waiting until deadline at most for one
+ * to go: reads rounds/<r>/nodes/ every RDZV_LEAVING_POLL_MS (no read starts after the
+ * deadline; each has the client's request deadline). *gone false when none has by then; an
+ * etcd error ends the wait with it. */
+#define RDZV_LEAVING_POLL_MS 20
+rg_status_t rdzv_leaving_await_gone(rg_rdzv_t *rdzv, rg_deadline_t deadline, bool *gone)
+    RG_NODISCARD;
 
 #endif

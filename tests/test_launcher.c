@@ -211,6 +211,34 @@ static int run_regroup(char *const args[], char *out, size_t cap)
 
 #define EP "--rdzv-endpoint", etcd.srv.endpoints, "--rdzv-id", "job1"
 
+/* The parent of a running process, or 0. */
+static pid_t parent_of(pid_t pid)
+{
+    char path[64];
+    int ppid = 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) {
+            ppid = 0;
+        }
+        fclose(f);
+    }
+    return ppid;
+}
+
+/* The pid of agent i's one worker among the first n starts in s. */
+static pid_t worker_of(int i, const start_t *s, int n)
+{
+    for (int k = 0; k < n; k++) {
+        if (parent_of(s[k].pid) == agents[i]) {
+            return s[k].pid;
+        }
+    }
+    ck_abort_msg("agent %d has no worker among %d starts", i, n);
+    return -1;
+}
+
 START_TEST(test_resize_on_node_loss_and_return)
 {
     static start_t s[256];
@@ -243,19 +271,8 @@ START_TEST(test_resize_on_node_loss_and_return)
     pid_t victim = agents[2];
     pid_t orphans[2];
     int k = 0;
-    char path[300];
     for (int i = 0; i < n && k < 2; i++) {
-        /* The victim's workers: find them by parent pid. */
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)s[i].pid);
-        FILE *f = fopen(path, "r");
-        int ppid = 0;
-        if (f != NULL) {
-            if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) {
-                ppid = 0;
-            }
-            fclose(f);
-        }
-        if (ppid == victim) {
+        if (parent_of(s[i].pid) == victim) {   /* the victim's workers */
             orphans[k++] = s[i].pid;
         }
     }
@@ -1422,6 +1439,59 @@ START_TEST(test_etcd_unreachable)
 }
 END_TEST
 
+/* Node 1 leaves on SIGTERM; its worker ignores SIGTERM, so it goes on until its work is done
+ * (within the 60 s grace period). Returns agent 0's worker. */
+static pid_t start_pair_and_leave(void)
+{
+    static start_t s[8];
+    start_agent(0, EP, "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=0",
+                "--rdzv-conf=last_call_timeout=1", NULL);
+    setenv("RG_TEST_IGNORE_TERM", "1", 1);
+    start_agent(1, EP, "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=0",
+                "--rdzv-conf=last_call_timeout=1", "--grace-period=60", NULL);
+    unsetenv("RG_TEST_IGNORE_TERM");
+    wait_starts(0, 2, 2, 0, 30000);
+    pid_t w0 = worker_of(0, s, read_starts(s, 8));
+    kill(agents[1], SIGTERM);
+    TEST_WAIT_UNTIL(log_contains(0, "leaves: SIGTERM"), 20000,
+                    "agent 0 did not see node 1 leave");
+    return w0;
+}
+
+/* A worker that fails while another node leaves, but whose failure that node does not explain
+ * (its worker still runs), failed by itself: the failure counts, here against
+ * --max-restarts=0, which ends the job. It was excused as part of the leaving. */
+START_TEST(test_failure_while_another_node_leaves_counts)
+{
+    pid_t w0 = start_pair_and_leave();
+    kill(w0, SIGKILL);
+    ck_assert_int_eq(wait_exit(agents[0], 30000), 1);
+    ck_assert(log_contains(0, "the failure is its worker's own"));
+    ck_assert(log_contains(0, "failed more than --max-restarts=0"));
+    ck_assert(!log_contains(0, "not counted as a failure"));
+    stop_workers();   /* node 1's worker ends its work; the node leaves */
+    ck_assert_int_eq(wait_exit(agents[1], 30000), 128 + SIGTERM);
+}
+END_TEST
+
+/* The same failure, then the leaving node's worker ends (as when the worker lost its peer
+ * there): explained by the leaving, not counted, and the job goes on without the node. */
+START_TEST(test_failure_the_leaving_node_explains)
+{
+    static start_t s[8];
+    pid_t w0 = start_pair_and_leave();
+    pid_t w1 = worker_of(1, s, read_starts(s, 8));
+    kill(w0, SIGKILL);
+    kill(w1, SIGKILL);
+    ck_assert_int_eq(wait_exit(agents[1], 30000), 128 + SIGTERM);
+    wait_starts(2, 1, 1, -1, 30000);   /* after round 0's two starts: node 0 alone */
+    ck_assert(log_contains(0, "not counted as a failure"));
+    stop_workers();
+    ck_assert_int_eq(wait_exit(agents[0], 30000), 0);
+    ck_assert(!log_contains(0, "failed more than"));
+}
+END_TEST
+
 /* A host name that does not resolve (RFC 2606's .invalid never does, and asks nothing of the
  * network beyond the local resolver) is said at once, not waited out to the join deadline;
  * with several endpoints the agent fails over, and fails at once only when none resolves. */
@@ -1487,6 +1557,8 @@ int main(void)
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
     tcase_add_test(tc, test_node_stop_that_reaches_a_worker_first_is_no_failure);
+    tcase_add_test(tc, test_failure_while_another_node_leaves_counts);
+    tcase_add_test(tc, test_failure_the_leaving_node_explains);
     tcase_add_test(tc, test_endpoint_that_does_not_resolve);
     suite_add_tcase(s, tc);
     TCase *tc2 = tcase_create("standalone");
