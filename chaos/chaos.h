@@ -39,6 +39,21 @@
 #define CHAOS_MAX_SLOTS      (CHAOS_MAX_NODES * 4)
 /* The job's id (--rdzv-id): its keys are under /regroup/chaos/ (see chaos_jobstate.c). */
 #define CHAOS_JOB_ID         "chaos"
+/* The agents' lease TTL, last-call timeout and the workers' hang timeout (the launcher's
+ * default), in seconds: chaos_procs.c passes the first two; the recovery bounds build on all
+ * three (chaos_check.c). */
+#define CHAOS_LEASE_TTL_S      2
+#define CHAOS_LAST_CALL_S      0.5
+#define CHAOS_HANG_TIMEOUT_S   1.0
+/* The recovery bounds of a fault kind, before --bound-scale: p99 at most the lease TTL +
+ * CHAOS_BOUND_P99_OVER_TTL_S; p50 at most the time the fault takes to be seen by design (a
+ * lease to expire, a hang timeout) + CHAOS_BOUND_P50_AFTER_S, or CHAOS_BOUND_P50_AT_ONCE_S
+ * for a fault seen at once. The p50 is judged only of a kind with CHAOS_BOUND_P50_MIN
+ * recoveries or more (the median of fewer is one fault's luck). */
+#define CHAOS_BOUND_P99_OVER_TTL_S 1.0
+#define CHAOS_BOUND_P50_AFTER_S    0.5
+#define CHAOS_BOUND_P50_AT_ONCE_S  0.3
+#define CHAOS_BOUND_P50_MIN        5
 
 typedef enum {
     F_WORKER_KILL, F_WORKER_HANG, F_AGENT_KILL, F_PREEMPT, F_NODE_JOIN, F_ETCD_MEMBER,
@@ -69,6 +84,7 @@ typedef struct {
     const char *exact;
     const char *fmnist;
     bool        use_fmnist;   /* --workload fmnist */
+    double      bound_scale;  /* --bound-scale: the recovery bounds times this (default 1) */
 } chaos_opts_t;
 
 /* One fault injected, and what followed. */
@@ -93,6 +109,16 @@ typedef struct {
     double  time;
 } chaos_progress_t;
 
+/* A fault kind's recoveries and their bounds (chaos_check_verdict). */
+typedef struct {
+    int    count;            /* injected */
+    int    recovered;
+    double p50_s, p99_s;     /* of the recovered; -1 if none */
+    double p50_bound_s, p99_bound_s;
+    bool   p50_judged;       /* recovered >= CHAOS_BOUND_P50_MIN */
+    bool   within;           /* p99 (and p50 where judged) within the bounds */
+} chaos_kind_stats_t;
+
 typedef struct {
     bool finished;
     bool result;             /* exact: the final state is exactly right; fmnist: accuracy */
@@ -102,12 +128,14 @@ typedef struct {
     bool no_stale_writes;    /* etcd's history holds no write of a stale member */
     bool time_bound;
     bool recovered;
+    bool within_bounds;      /* every kind's recovery times within its bounds */
     bool pass;               /* all of the above: computed once, by chaos_check_verdict */
     char result_line[256];
     int  verified;
     int  leaks;
     int  history_checked;    /* the writes no_stale_writes looked at */
     double wall_s;
+    chaos_kind_stats_t kind[F_COUNT];
 } chaos_inv_t;
 
 typedef struct {

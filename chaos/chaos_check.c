@@ -3,7 +3,9 @@
  * its final state is exactly right (fmnist: accurate enough), every retained checkpoint
  * verifies, no round resumed from before the checkpoint committed when its fault struck, no
  * write of a stale member was accepted (etcd's history of the job's keys), no process of the
- * run is left, nothing exceeded its time bound, and every fault recovered.
+ * run is left, nothing exceeded its time bound, every fault recovered, and each kind's
+ * recovery times keep to its bounds (chaos.h: p99 and p50 from the lease TTL and the time the
+ * kind takes to be seen, times --bound-scale).
  * chaos_check_verdict computes the pass/fail from them, once; the report and the exit
  * status both read c->inv.pass.
  */
@@ -121,6 +123,90 @@ void chaos_check_leaks(chaos_t *c)
     }
 }
 
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The p-quantile of v[0..n) (sorted here), or -1 if n is 0. */
+static double pct(double *v, int n, double p)
+{
+    if (n == 0) {
+        return -1;
+    }
+    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    return v[(int)(p * (n - 1) + 0.5)];
+}
+
+/* How long a fault of kind k takes to be seen, by design, in seconds; 0 for one seen at once
+ * (a worker's exit, a refused connection, a write that fails). */
+static double detect_s(chaos_fault_t k)
+{
+    switch (k) {
+    case F_AGENT_KILL:        /* the agent's lease expires */
+    case F_AGENT_HANG:
+    case F_PARTITION:
+    case F_ETCD_PARTITION:
+    case F_PEER_PARTITION:    /* the cut-off node's lease lives on: as long as a lost lease */
+        return CHAOS_LEASE_TTL_S;
+    case F_WORKER_HANG:
+        return CHAOS_HANG_TIMEOUT_S;
+    case F_ETCD_SILENT:       /* the etcd client leaves a member silent for about 1 s */
+        return 1.0;
+    case F_NODE_JOIN:         /* the round waits the last call for more nodes */
+        return CHAOS_LAST_CALL_S;
+    default:
+        return 0;
+    }
+}
+
+/* Kind k's recovery times and whether they keep to its bounds (chaos.h). */
+static void kind_stats(const chaos_t *c, chaos_fault_t k, chaos_kind_stats_t *ks)
+{
+    static double v[CHAOS_MAX_FAULTS];
+    double scale = c->opt->bound_scale;
+    double d = detect_s(k);
+    int n = 0;
+    *ks = (chaos_kind_stats_t){0};
+    for (int i = 0; i < c->faults.n_recs; i++) {
+        if (c->faults.rec[i].kind == k) {
+            ks->count++;
+            if (c->faults.rec[i].recovery_s >= 0) {
+                v[n++] = c->faults.rec[i].recovery_s;
+            }
+        }
+    }
+    ks->recovered = n;
+    ks->p50_s = pct(v, n, 0.5);
+    ks->p99_s = pct(v, n, 0.99);
+    ks->p50_bound_s = scale * (d > 0 ? d + CHAOS_BOUND_P50_AFTER_S : CHAOS_BOUND_P50_AT_ONCE_S);
+    ks->p99_bound_s = scale * (CHAOS_LEASE_TTL_S + CHAOS_BOUND_P99_OVER_TTL_S);
+    ks->p50_judged = n >= CHAOS_BOUND_P50_MIN;
+    ks->within = ks->p99_s <= ks->p99_bound_s &&
+                 (!ks->p50_judged || ks->p50_s <= ks->p50_bound_s);
+}
+
+/* Every kind injected keeps to its recovery bounds; each that does not is said, with its
+ * figures. */
+static bool check_bounds(chaos_t *c)
+{
+    bool ok = true;
+    for (int k = 0; k < F_COUNT; k++) {
+        chaos_kind_stats_t *ks = &c->inv.kind[k];
+        kind_stats(c, (chaos_fault_t)k, ks);
+        if (ks->count > 0 && !ks->within) {
+            chaos_say("%s recovers out of its bounds: p50 %.3f s (bound %.3f s%s), p99 %.3f s "
+                      "(bound %.3f s), %d recoveries", chaos_fault_names[k], ks->p50_s,
+                      ks->p50_bound_s, ks->p50_judged ? "" : ", not judged", ks->p99_s,
+                      ks->p99_bound_s, ks->recovered);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
 /* The run's time bound, the faults' records, and then the verdict, from all invariants. */
 void chaos_check_verdict(chaos_t *c)
 {
@@ -150,6 +236,8 @@ void chaos_check_verdict(chaos_t *c)
             inv->recovered = false;
         }
     }
+    inv->within_bounds = check_bounds(c);
     inv->pass = inv->finished && inv->result && inv->checkpoints_verify && inv->no_lost_work &&
-                inv->no_leaks && inv->no_stale_writes && inv->time_bound && inv->recovered;
+                inv->no_leaks && inv->no_stale_writes && inv->time_bound && inv->recovered &&
+                inv->within_bounds;
 }

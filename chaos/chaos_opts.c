@@ -10,7 +10,7 @@ static int usage(const char *why)
             "rg-chaos: %s\n"
             "usage: chaos/run [--seed N] [--faults N | --duration 30m] [--nodes N]\n"
             "                 [--scenario NAME|all] [--workload exact|fmnist] [--report FILE]\n"
-            "                 [--quick] [--recovery restart|in-place]\n"
+            "                 [--quick] [--recovery restart|in-place] [--bound-scale F]\n"
             "scenarios: all", why);
     for (int k = 0; k < F_COUNT; k++) {
         fprintf(stderr, " %s", chaos_fault_names[k]);
@@ -39,7 +39,7 @@ static double parse_duration(const char *s)
 int chaos_opts_parse(int argc, char **argv, chaos_opts_t *o)
 {
     chaos_opts_t opt = {.seed = 1, .faults = 12, .nodes = 3, .scenario = "all",
-                        .recovery = "restart"};
+                        .recovery = "restart", .bound_scale = 1};
     opt.regroup = getenv("RG_CHAOS_REGROUP");
     opt.exact = getenv("RG_CHAOS_EXACT");
     opt.fmnist = getenv("RG_CHAOS_FMNIST");
@@ -97,6 +97,12 @@ int chaos_opts_parse(int argc, char **argv, chaos_opts_t *o)
                 return usage("--recovery is restart or in-place");
             }
             opt.recovery = v;
+        } else if (strcmp(a, "--bound-scale") == 0) {
+            char *end;
+            opt.bound_scale = strtod(v, &end);
+            if (end == v || *end != '\0' || !(opt.bound_scale > 0 && opt.bound_scale <= 100)) {
+                return usage("--bound-scale is a factor above 0, at most 100");
+            }
         } else if (strcmp(a, "--report") == 0) {
             opt.report = v;
         } else if (strcmp(a, "--workload") == 0) {

@@ -103,6 +103,7 @@ void chaos_agent_start(chaos_t *c)
     char net[120];
     char addr[64];
     char rec[64];
+    char conf[96];
     char host[32] = "127.0.0.1";
     int i = 0;
     while (i < c->procs.n_slots && c->procs.alive[i]) {
@@ -124,10 +125,12 @@ void chaos_agent_start(chaos_t *c)
     }
     snprintf(addr, sizeof(addr), "--local-addr=%s", host);
     snprintf(rec, sizeof(rec), "--recovery=%s", opt->recovery);
+    snprintf(conf, sizeof(conf),
+             "--rdzv-conf=lease_ttl=%d,last_call_timeout=%g,join_timeout=120",
+             CHAOS_LEASE_TTL_S, CHAOS_LAST_CALL_S);
     char *argv[32] = {"ip", "netns", "exec", net, (char *)opt->regroup, ep,
                       "--rdzv-id=" CHAOS_JOB_ID, nn, "--nproc-per-node=1", addr,
-                      "--max-restarts=100000", "--grace-period=1",
-                      "--rdzv-conf=lease_ttl=2,last_call_timeout=0.5,join_timeout=120", rec};
+                      "--max-restarts=100000", "--grace-period=1", conf, rec};
     char *exact[] = {(char *)opt->exact, "--epochs", "1000000", "--stop-file",
                      c->run.stop_file, "--pad-kb", "4096", "--ckpt-every", "4", "--work",
                      "20000", "--dim", "64", "--table-rows", "4096", NULL};
