@@ -350,6 +350,19 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 int also;
                 running = launcher_workers_reap(&ag->ws, &also);
             }
+            if (failed >= 0 && lv.own && ag->ip.enabled &&
+                ag->ip.state[failed] != INPLACE_IN_ROUND &&
+                launcher_inplace_in_round(&ag->ip, &ag->ws) > 0) {
+                /* A replacement in no round ended while this node leaves (stopped with the
+                 * notice, whose page it did not read yet): it held nothing, and the round's
+                 * workers are still taking their last checkpoint. Before, its end ended the
+                 * leaving, and they were stopped without one. */
+                launcher_workers_drain(&ag->ws, failed, cfg);
+                rg_info("leaving: local rank %d, a replacement in no round, ended; the "
+                        "round's %d worker(s) finish their last checkpoint", failed,
+                        launcher_inplace_in_round(&ag->ip, &ag->ws));
+                failed = -1;
+            }
             /* In place, only this node's own leaving excuses a failure: the others replace
              * a failed worker as always (a lost peer is no failure of theirs in place). */
             if (failed >= 0 && (lv.own || !ag->ip.enabled) && launcher_leave_explains(&lv)) {
