@@ -388,11 +388,14 @@ static void transfer_env(bool slow)
  * *source the pid that sends it, and the replacement's pid is returned. */
 static int transfer_job(const char *name, pid_t *job, int *round, int *source)
 {
-    char *extra[] = {"--kill-at", "32", "--kill-rank", "1", "--state-kb", TRANSFER_STATE_KB};
+    /* 8 epochs (200 steps): the job outlasts a replacement's start, however quick its steps
+     * (with the default 3, a Release build could end before the replacement joined). */
+    char *extra[] = {"--kill-at", "32", "--kill-rank", "1", "--state-kb", TRANSFER_STATE_KB,
+                     "--epochs", "8"};
     char line[2048];
     int pid;
     transfer_env(true);
-    *job = start_one_node(name, 4, extra, 6);
+    *job = start_one_node(name, 4, extra, 8);
     transfer_env(false);
     TEST_WAIT_UNTIL((pid = first_replacement(name)) > 0, 60000, "no replacement started");
     TEST_WAIT_UNTIL(log_line_pid(name, "receives the state", NULL, pid, line, sizeof(line)) > 0,
@@ -468,7 +471,10 @@ START_TEST(test_inplace_newcomer_killed_mid_transfer)
     pids_t p;
     read_pids("newcomer", &p);
     ck_assert_int_eq(p.n_started, 6);   /* 4, then a replacement twice */
-    check_pids("newcomer", 4, 3);
+    /* The second replacement finishes the job with the survivors, unless the job ended
+     * before it could join (the agent then stops it, having joined no group). */
+    bool late = test_log_has(dir, "newcomer", "stopping 1 replacement(s) that joined no group");
+    check_pids("newcomer", late ? 3 : 4, 3);
 }
 END_TEST
 
@@ -857,7 +863,11 @@ START_TEST(test_inplace_sigterm_while_rejoining)
     pid_t a = test_spawn_logged(dir, "a", argv);
     pid_t b = test_spawn_logged(dir, "b", argv);
     unsetenv("REGROUP_LOG_LEVEL");
-    wait_training();
+    /* Both nodes train: a checkpoint of 4 shards, committed by rank 0 on either node (node b
+     * may start too late for the first round on a loaded machine, and join it later). */
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "committed (4 shards)") ||
+                        test_log_has(dir, "b", "committed (4 shards)"), 60000,
+                    "the job did not train at world 4 within 60 s");
     int rank;
     int victim = lowest_rank_pid("a", &rank);
     ck_assert_int_gt(victim, 0);
