@@ -5,8 +5,9 @@
 # fails. ctest runs two tests at a time: the suites that fill both cores hold a lock
 # (tests/CMakeLists.txt), so that a light suite runs beside a heavy one, never two heavy
 # ones. Each test runs once, where it finds the most:
-#   sanitized build  the C suites (label "c": every Check suite, each job test in them) and
-#                    the Python package's API and torch.distributed backend tests
+#   sanitized build  the C suites (label "c": every Check suite, each job test in them),
+#                    the Python package's API and torch.distributed backend tests, and the
+#                    fuzz targets: the parsers of outside input, fuzzed for a bounded time
 #   Release build    the tests of the whole system (label "system": the Python package's
 #                    training programs, Slurm, the installed library, the chaos runner),
 #                    then the chaos suite: the optimized code under faults
@@ -46,17 +47,11 @@ build build-test-release -DCMAKE_BUILD_TYPE=Release -DREGROUP_C10D=ON
 phase "sanitize build"
 build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREGROUP_C10D=ON \
     -DREGROUP_SANITIZE=ON
-phase "sanitize tests (C suites, Python API)"
+phase "sanitize tests (C suites, Python API, fuzzers)"
 run_ctest build-test-sanitize -L '^c$'
 phase "release tests (system)"
 run_ctest build-test-release -L '^system$'
 
-# The parsers of outside input, fuzzed for a bounded time (seconds per target).
-phase "fuzz"
-if ! bash scripts/fuzz.sh "${REGROUP_FUZZ_SECONDS:-10}"; then
-    echo "fuzz: failed" >&2
-    status=1
-fi
 
 # The chaos suite, quick: >= 12 faults of every kind this machine allows, fixed seed, in
 # both recovery modes. Recovery bounds five times the real ones (chaos/chaos.h): they hold on
