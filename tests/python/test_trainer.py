@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -24,7 +25,9 @@ def fit(tmp, name, *args, timeout=240, script=DDP):
     cmd = [PYTHON, script, "--storage", tmp, "--name", name] + [str(a) for a in args]
     p = subprocess.run(cmd, env=worker_env(tmp), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=timeout)
-    return p.returncode, p.stdout.decode(errors="replace")
+    out = p.stdout.decode(errors="replace")
+    sys.stdout.write(out)   # whole in pytest's report of a failure (an assertion cuts it)
+    return p.returncode, out
 
 
 def pids(out, pattern):

@@ -66,10 +66,12 @@ class Net(torch.nn.Module):
 
 def kill_before(config, ctx, what):
     """--kill-before WHAT: rank --kill-rank of the job's first workers SIGKILLs itself
-    before it calls WHAT, while the others are in its collectives."""
+    before it calls WHAT, while the others are in its collectives. Not its replacement: that
+    has the rank and round 0 too until it joins (in prepare_model or get_checkpoint), and
+    killed itself in turn when it started before the others were in the next round."""
     if config["kill_before"] == what and ctx.get_world_rank() == config["kill_rank"] and \
             int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and \
-            ctx.get_round() == 0:
+            ctx.get_round() == 0 and not _session.get().ctx.joining:
         print("rank %d: killing myself before %s" % (ctx.get_world_rank(), what), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
