@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds regroup in Release (-O3: gcc finds warnings there that -O2
-# hides) and with ASan+UBSan, runs every test through ctest, then the fuzz targets for a
-# bounded time and the quick chaos suite in both recovery modes. Exits non-zero if anything
-# fails. ctest runs two tests at a time: the suites that fill both cores hold a lock
+# hides) and with ASan+UBSan, runs every test through ctest (the fuzz targets too, for a
+# bounded time), then the quick chaos suite in both recovery modes. Exits non-zero if
+# anything fails. ctest runs two tests at a time: the suites that fill both cores hold a lock
 # (tests/CMakeLists.txt), so that a light suite runs beside a heavy one, never two heavy
 # ones. Each test runs once, where it finds the most:
-#   sanitized build  the C suites (label "c": every Check suite, each job test in them),
-#                    the Python package's API and torch.distributed backend tests, and the
-#                    fuzz targets: the parsers of outside input, fuzzed for a bounded time
+#   sanitized build  the C suites (label "c": every Check suite, each job test in them) and
+#                    the Python package's API and torch.distributed backend tests
 #   Release build    the tests of the whole system (label "system": the Python package's
-#                    training programs, Slurm, the installed library, the chaos runner),
+#                    training programs, Slurm, the installed library, the chaos runner, the
+#                    fuzz targets: the parsers of outside input, fuzzed for a bounded time),
 #                    then the chaos suite: the optimized code under faults
 #   REGROUP_JOBS=N            parallel build jobs (default: number of cores)
 #   REGROUP_FUZZ_SECONDS=N    seconds per fuzz target (default 10)
@@ -47,9 +47,9 @@ build build-test-release -DCMAKE_BUILD_TYPE=Release -DREGROUP_C10D=ON
 phase "sanitize build"
 build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREGROUP_C10D=ON \
     -DREGROUP_SANITIZE=ON
-phase "sanitize tests (C suites, Python API, fuzzers)"
+phase "sanitize tests (C suites, Python API)"
 run_ctest build-test-sanitize -L '^c$'
-phase "release tests (system)"
+phase "release tests (system, fuzzers)"
 run_ctest build-test-release -L '^system$'
 
 
