@@ -135,6 +135,7 @@ struct rg_comm {
     int           n_dead_seen;  /* of those, handled by a progress pass */
     int           n_left;
     int           n_hello;      /* hello messages seen while connecting */
+    uint32_t      attempt;      /* the wire-up's try at its prefix (comm_wireup.c) */
     void        **scratch_reqs; /* [size] for control sends and closes */
     uint64_t      ctrl_out[2];
     void        **grave;        /* buffers of failed requests, freed after the worker */
@@ -189,9 +190,18 @@ bool        comm_tls_has_mm(void);
 rg_status_t comm_ucx_open(rg_comm_t *comm);
 rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p);
 void        comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr);
-/* Connects to every peer from their worker addresses (addrs[rank] unused). */
+/* Asked while the handshake waits for hellos (every COMM_WIRE_WATCH_NS): anything but
+ * RG_OK ends the wire-up with that status (and its error set). */
+typedef struct {
+    rg_status_t (*check)(void *arg, rg_deadline_t deadline);
+    void         *arg;
+} comm_wire_watch_t;
+#define COMM_WIRE_WATCH_NS 50000000ull   /* 50 ms */
+
+/* Connects to every peer from their worker addresses (addrs[rank] unused); watch may be
+ * NULL. */
 rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
-                             rg_deadline_t deadline);
+                             rg_deadline_t deadline, const comm_wire_watch_t *watch);
 void        comm_ucx_close(rg_comm_t *comm);
 
 uint64_t    comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub);

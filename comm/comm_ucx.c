@@ -136,10 +136,12 @@ void comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr)
  * trips an assertion inside UCX (ucp_request.c "got REP message"). Connected endpoints are
  * also all watched by keepalive, so every rank sees a death itself.
  */
-static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline)
+static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline,
+                                      const comm_wire_watch_t *watch)
 {
     const int n = comm->size;
     void **reqs = comm->scratch_reqs;
+    uint64_t next_watch = rg_now_ns() + COMM_WIRE_WATCH_NS;
     /* Two rounds: the second one's hellos arrive only after the first round's wire-up
      * replies and acknowledgements have been processed on both sides. */
     for (int round = 1; round <= 2; round++) {
@@ -158,11 +160,21 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline)
             }
         }
         comm_wait_reqs(comm, reqs, n, rg_deadline_left_ms(deadline));
-        /* Bounded by the deadline: progress until every peer's hello is in. */
+        /* Bounded by the deadline: progress until every peer's hello is in, asking the
+         * watch now and then whether a peer gave this attempt up (then its hello never
+         * comes). */
         while (comm->n_hello < round * (n - 1) && !rg_deadline_passed(deadline) &&
                comm->n_dead == 0) {
             ucp_worker_progress(comm->worker);
             comm_ctrl_poll(comm);
+            uint64_t now = rg_now_ns();
+            if (watch != NULL && now >= next_watch) {
+                rg_status_t st = watch->check(watch->arg, deadline);
+                if (st != RG_OK) {
+                    return st;
+                }
+                next_watch = rg_now_ns() + COMM_WIRE_WATCH_NS;
+            }
         }
     }
     for (int p = 0; p < n; p++) {
@@ -179,7 +191,7 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline)
 }
 
 rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
-                             rg_deadline_t deadline)
+                             rg_deadline_t deadline, const comm_wire_watch_t *watch)
 {
     for (int p = 0; p < comm->size; p++) {
         if (p == comm->rank) {
@@ -203,7 +215,7 @@ rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *
         }
     }
     comm_ctrl_post(comm);
-    return comm_ucx_handshake(comm, deadline);
+    return comm_ucx_handshake(comm, deadline, watch);
 }
 
 uint64_t comm_tag(const rg_comm_t *comm, int src, uint32_t seq, uint32_t sub)

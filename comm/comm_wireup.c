@@ -4,16 +4,25 @@
  * Rank r puts a header and its UCX worker address (binary) at <prefix><r>, then reads the
  * prefix until every rank's address is there, backing off from 1 ms to 20 ms between reads
  * and progressing its worker meanwhile (a peer's wire-up needs this worker to progress), and
- * finally creates one endpoint per peer. A rank whose attempt fails for a reason another
- * attempt may not meet (a deadline, a peer it could not connect to) deletes its address
- * again: it names a UCX worker that is gone, and a peer that read it would fail to connect
- * and try again, out of step with this rank's next attempt, for as long as the two kept
- * missing each other's current address (seen as a livelock of a regroup under a sanitizer).
- * One that fails on a header that differs (RG_EINVAL, RG_EPROTO) keeps it: every attempt
- * fails the same way, and the peers must read it to fail at once too.
- * The header carries the tuning values that decide how
- * a message is cut into transfers: ranks that differ there would wait on transfers that never
- * come, so creation fails at once instead, naming the rank and the values.
+ * finally creates one endpoint per peer and trades hellos with each.
+ *
+ * A caller may try the same prefix again after a failed creation (a regroup does, with a new
+ * UCX worker each time), and its peers' tries begin and end at other times. So the header
+ * numbers the try: an attempt, the same on every rank of one wire-up. A rank takes the
+ * highest attempt under the prefix, or the next one if its own key already has that one (it
+ * tried it and failed) or a peer withdrew from it. It reads only the addresses of its own
+ * attempt, and gives up at once when a peer's key shows a later attempt or withdraws this
+ * one: that peer's worker, and the address this rank may have read for it, are gone. A rank
+ * whose attempt fails withdraws its address (the header alone, at its attempt), so that the
+ * others give that attempt up too and meet at the next one. Before, a failed try deleted its
+ * address and the next try read what it found: a try could connect to a peer's address of
+ * the try before ("shmat failed" over shared memory), and ranks whose tries began a second
+ * apart kept reading each other's old address (a regroup of four live ranks failed every 4 s
+ * for a minute). One that fails on a header that differs (RG_EINVAL, RG_EPROTO) keeps its
+ * address: every attempt fails the same way, and the peers must read it to fail at once
+ * too. The header also carries the tuning values that decide how a message is cut into
+ * transfers: ranks that differ there would wait on transfers that never come, so creation
+ * fails at once instead, naming the rank and the values.
  */
 #include "comm_internal.h"
 #include "rdzv_keys.h"
@@ -28,12 +37,13 @@
 #define COMM_DEFAULT_CREATE_MS 30000
 #define COMM_MAX_ADDRESS       (64 * 1024)
 #define COMM_MAX_PREFIX        256
-#define COMM_UNPUBLISH_MS      1000     /* a failed attempt's delete of its address */
+#define COMM_UNPUBLISH_MS      1000     /* a failed attempt's withdrawal of its address */
+#define COMM_WATCH_READ_MS     500      /* one read of the handshake's watch */
 
 /* Before the address in the published value (host byte order; docs/etcd-keys.md). */
 typedef struct {
     char     magic[4];   /* "RGC1" */
-    uint32_t reserved;
+    uint32_t attempt;    /* which try at this prefix (the file's comment) */
     uint64_t ring_min;   /* REGROUP_COMM_RING_MIN_BYTES */
     uint64_t rhd_max;    /* REGROUP_COMM_RHD_MAX_BYTES */
     uint64_t seg;        /* REGROUP_COMM_SEGMENT_BYTES */
@@ -41,10 +51,11 @@ typedef struct {
 
 static const char comm_wire_magic[4] = {'R', 'G', 'C', '1'};
 
-static void comm_wire_hdr(const rg_comm_t *comm, comm_wire_hdr_t *h)
+static void comm_wire_hdr(const rg_comm_t *comm, uint32_t attempt, comm_wire_hdr_t *h)
 {
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, comm_wire_magic, sizeof(h->magic));
+    h->attempt = attempt;
     h->ring_min = comm->tuning.ring_min_bytes;
     h->rhd_max = comm->tuning.rhd_max_bytes;
     h->seg = comm->tuning.seg_bytes;
@@ -55,7 +66,7 @@ static rg_status_t comm_wire_check(const rg_comm_t *comm, int r, const void *val
 {
     comm_wire_hdr_t mine;
     comm_wire_hdr_t theirs;
-    comm_wire_hdr(comm, &mine);
+    comm_wire_hdr(comm, 0, &mine);
     memcpy(&theirs, value, sizeof(theirs));
     if (memcmp(theirs.magic, comm_wire_magic, sizeof(theirs.magic)) != 0) {
         return rg_error(RG_EPROTO, "rank %d published its address in a format this build "
@@ -192,10 +203,38 @@ static void comm_progress_for(rg_comm_t *comm, int64_t ms, rg_deadline_t deadlin
     }
 }
 
-/* Reads every published address; RG_INPROGRESS while some rank is missing. */
-static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const char *prefix,
-                                       rg_deadline_t deadline, void **addrs, size_t *lens,
-                                       int *n_found)
+/* The header of a value under the prefix that names rank *r_p of this group, or NULL (a
+ * key of another kind, or a rank out of range: ignored). RG_EPROTO in *st for a value that
+ * cannot be one of ours. */
+static const comm_wire_hdr_t *comm_wire_value(const rg_comm_t *comm, const rg_etcd_kv_t *kv,
+                                              size_t plen, int *r_p, rg_status_t *st)
+{
+    int64_t r;
+    *st = RG_OK;
+    if (kv->key_len <= plen || !rg_parse_i64(kv->key + plen, &r) || r < 0 ||
+        r >= comm->size) {
+        rg_debug("ignoring key %s under the group's prefix", kv->key);
+        return NULL;
+    }
+    const size_t hl = sizeof(comm_wire_hdr_t);
+    if (kv->value_len < hl || kv->value_len > hl + COMM_MAX_ADDRESS) {
+        *st = rg_error(RG_EPROTO, "address of rank %lld under %.*s has %zu bytes", (long long)r,
+                       (int)plen, kv->key, kv->value_len);
+        return NULL;
+    }
+    if (memcmp(kv->value, comm_wire_magic, sizeof(comm_wire_magic)) != 0) {
+        *st = rg_error(RG_EPROTO, "rank %lld published its address in a format this build "
+                       "does not read (another regroup version?)", (long long)r);
+        return NULL;
+    }
+    *r_p = (int)r;
+    return (const comm_wire_hdr_t *)(const void *)kv->value;
+}
+
+/* This rank's attempt at prefix: the highest one published there, or the next one when this
+ * rank's own key already has it (a try of its own that failed) or a rank withdrew from it. */
+static rg_status_t comm_wire_attempt(rg_comm_t *comm, rg_etcd_t *etcd, const char *prefix,
+                                     rg_deadline_t deadline, uint32_t *attempt)
 {
     rg_etcd_range_req_t rreq = {.key = prefix, .prefix = true};
     rg_etcd_range_t res;
@@ -203,25 +242,82 @@ static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const c
     if (st != RG_OK) {
         return rg_error_wrap(st, "reading the group's addresses under %s", prefix);
     }
-    size_t plen = strlen(prefix);
+    uint32_t top = 0;
+    bool top_done = false;   /* a rank tried the top attempt already: this one, or one that
+                                withdrew from it */
     for (size_t i = 0; i < res.n_kvs; i++) {
+        int r;
+        rg_status_t vst;
+        const comm_wire_hdr_t *hp = comm_wire_value(comm, &res.kvs[i], strlen(prefix), &r, &vst);
+        if (hp == NULL) {
+            continue;   /* a malformed value fails the read loop, which names it */
+        }
+        comm_wire_hdr_t h;
+        memcpy(&h, hp, sizeof(h));
+        bool done = r == comm->rank || res.kvs[i].value_len == sizeof(comm_wire_hdr_t);
+        if (h.attempt > top) {
+            top = h.attempt;
+            top_done = done;
+        } else if (h.attempt == top) {
+            top_done = top_done || done;
+        }
+    }
+    rg_etcd_range_cleanup(&res);
+    if (top_done && top == UINT32_MAX) {
+        return rg_error(RG_EPROTO, "group under %s: no attempt number left", prefix);
+    }
+    *attempt = top_done ? top + 1 : top;
+    return RG_OK;
+}
+
+/* The error for a peer's value past this attempt: a later attempt, or this one withdrawn. */
+static rg_status_t comm_wire_gone(const rg_comm_t *comm, const char *prefix, int r,
+                                  const comm_wire_hdr_t *h)
+{
+    if (h->attempt > comm->attempt) {
+        return rg_error(RG_EPEER, "group of %d under %s: rank %d went on to attempt %u while "
+                        "this rank was at attempt %u", comm->size, prefix, r,
+                        (unsigned)h->attempt, (unsigned)comm->attempt);
+    }
+    return rg_error(RG_EPEER, "group of %d under %s: rank %d gave attempt %u up", comm->size,
+                    prefix, r, (unsigned)comm->attempt);
+}
+
+/* Reads every address of this attempt; RG_INPROGRESS while some rank is missing, RG_EPEER
+ * once a rank gave the attempt up. *revision is the store's revision of the read. */
+static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const char *prefix,
+                                       rg_deadline_t deadline, void **addrs, size_t *lens,
+                                       int *n_found, int64_t *revision)
+{
+    rg_etcd_range_req_t rreq = {.key = prefix, .prefix = true};
+    rg_etcd_range_t res;
+    rg_status_t st = rg_etcd_range(etcd, &rreq, deadline, &res);
+    if (st != RG_OK) {
+        return rg_error_wrap(st, "reading the group's addresses under %s", prefix);
+    }
+    *revision = res.revision;
+    size_t plen = strlen(prefix);
+    const size_t hl = sizeof(comm_wire_hdr_t);
+    for (size_t i = 0; i < res.n_kvs && st == RG_OK; i++) {
         const rg_etcd_kv_t *kv = &res.kvs[i];
-        int64_t r;
-        if (kv->key_len <= plen || !rg_parse_i64(kv->key + plen, &r) || r < 0 ||
-            r >= comm->size) {
-            rg_debug("ignoring key %s under the group's prefix", kv->key);
+        int r;
+        const comm_wire_hdr_t *hp = comm_wire_value(comm, kv, plen, &r, &st);
+        if (hp == NULL || r == comm->rank) {
             continue;
         }
-        const size_t hl = sizeof(comm_wire_hdr_t);
-        if (kv->value_len <= hl || kv->value_len > hl + COMM_MAX_ADDRESS) {
-            st = rg_error(RG_EPROTO, "address of rank %lld under %s has %zu bytes",
-                          (long long)r, prefix, kv->value_len);
+        comm_wire_hdr_t h;
+        memcpy(&h, hp, sizeof(h));
+        if (h.attempt < comm->attempt) {
+            continue;   /* its try before this one: it has not come to this one yet */
+        }
+        if (h.attempt > comm->attempt || kv->value_len == hl) {
+            st = comm_wire_gone(comm, prefix, r, &h);
             break;
         }
         if (addrs[r] != NULL) {
             continue;
         }
-        st = comm_wire_check(comm, (int)r, kv->value);
+        st = comm_wire_check(comm, r, kv->value);
         if (st != RG_OK) {
             break;
         }
@@ -238,7 +334,69 @@ static rg_status_t comm_read_addresses(rg_comm_t *comm, rg_etcd_t *etcd, const c
     if (st != RG_OK) {
         return st;
     }
-    return *n_found == comm->size ? RG_OK : RG_INPROGRESS;
+    return *n_found == comm->size - 1 ? RG_OK : RG_INPROGRESS;
+}
+
+/* comm_ucx_connect's watch while it waits for hellos: a peer's key written after every
+ * address was read is that peer giving this attempt up (its hello never comes); and the
+ * caller's abandon hook. */
+typedef struct {
+    rg_comm_t  *comm;
+    rg_etcd_t  *etcd;
+    const char *prefix;
+    int64_t     since;   /* the revision every address was read at */
+} comm_wire_watch_arg_t;
+
+static rg_status_t comm_wire_watch(void *arg, rg_deadline_t deadline)
+{
+    comm_wire_watch_arg_t *w = arg;
+    char why[256];
+    if (w->comm->abandon != NULL && w->comm->abandon(w->comm->abandon_arg, why, sizeof(why))) {
+        return rg_error(RG_EPEER, "group of %d under %s: given up while connecting: %s",
+                        w->comm->size, w->prefix, why);
+    }
+    rg_etcd_range_req_t rreq = {.key = w->prefix, .prefix = true,
+                                .min_mod_revision = w->since + 1};
+    rg_etcd_range_t res;
+    rg_deadline_t d = RG_MIN(deadline, rg_deadline_in_ms(COMM_WATCH_READ_MS));
+    if (rg_etcd_range(w->etcd, &rreq, d, &res) != RG_OK) {
+        rg_debug("watching the group's addresses under %s: %s", w->prefix, rg_last_error());
+        return RG_OK;   /* the handshake's own deadline still bounds the wait */
+    }
+    rg_status_t st = RG_OK;
+    for (size_t i = 0; i < res.n_kvs && st == RG_OK; i++) {
+        int r;
+        const comm_wire_hdr_t *hp = comm_wire_value(w->comm, &res.kvs[i], strlen(w->prefix),
+                                                    &r, &st);
+        if (hp != NULL && r != w->comm->rank) {
+            comm_wire_hdr_t h;
+            memcpy(&h, hp, sizeof(h));
+            st = comm_wire_gone(w->comm, w->prefix, r, &h);
+        }
+    }
+    rg_etcd_range_cleanup(&res);
+    return st;
+}
+
+/* Puts this rank's value for its attempt: the header and address, or the header alone
+ * (address NULL: the attempt withdrawn). */
+static rg_status_t comm_wire_put(rg_comm_t *comm, rg_etcd_t *etcd, const char *key,
+                                 const void *address, size_t len, rg_deadline_t deadline)
+{
+    comm_wire_hdr_t hdr;
+    comm_wire_hdr(comm, comm->attempt, &hdr);
+    char *value = malloc(sizeof(hdr) + len);
+    if (value == NULL) {
+        return rg_error(RG_ENOMEM, "out of memory for addresses");
+    }
+    memcpy(value, &hdr, sizeof(hdr));
+    if (len > 0) {
+        memcpy(value + sizeof(hdr), address, len);
+    }
+    rg_etcd_put_req_t put = {.key = key, .value = value, .value_len = sizeof(hdr) + len};
+    rg_status_t st = rg_etcd_put(etcd, &put, deadline, NULL);
+    free(value);
+    return st;
 }
 
 static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *prefix,
@@ -247,7 +405,9 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     rg_status_t st;
     ucp_address_t *addr = NULL;
     size_t addr_len = 0;
-    char *value = NULL;
+    bool published = false;
+    char key[COMM_MAX_PREFIX + 16];
+    snprintf(key, sizeof(key), "%s%d", prefix, comm->rank);
     void **addrs = calloc((size_t)comm->size, sizeof(*addrs));
     size_t *lens = calloc((size_t)comm->size, sizeof(*lens));
     if (addrs == NULL || lens == NULL) {
@@ -255,63 +415,60 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
         goto out;
     }
     st = comm_ucx_address(comm, &addr, &addr_len);
-    if (st != RG_OK) {
-        goto out;
+    if (st == RG_OK) {
+        st = comm_wire_attempt(comm, etcd, prefix, deadline, &comm->attempt);
     }
-    char key[COMM_MAX_PREFIX + 16];
-    snprintf(key, sizeof(key), "%s%d", prefix, comm->rank);
-    value = malloc(sizeof(comm_wire_hdr_t) + addr_len);
-    if (value == NULL) {
-        st = rg_error(RG_ENOMEM, "out of memory for addresses");
-        goto out;
-    }
-    comm_wire_hdr_t hdr;
-    comm_wire_hdr(comm, &hdr);
-    memcpy(value, &hdr, sizeof(hdr));
-    memcpy(value + sizeof(hdr), addr, addr_len);
-    rg_etcd_put_req_t put = {.key = key, .value = value, .value_len = sizeof(hdr) + addr_len};
-    st = rg_etcd_put(etcd, &put, deadline, NULL);
-    if (st != RG_OK) {
-        st = rg_error_wrap(st, "publishing the address of rank %d", comm->rank);
-        goto out;
+    if (st == RG_OK) {
+        st = comm_wire_put(comm, etcd, key, addr, addr_len, deadline);
+        if (st != RG_OK) {
+            st = rg_error_wrap(st, "publishing the address of rank %d", comm->rank);
+        }
+        published = st == RG_OK;
     }
     int n_found = 0;
     int64_t backoff_ms = 1;
-    for (;;) {
-        st = comm_read_addresses(comm, etcd, prefix, deadline, addrs, lens, &n_found);
+    int64_t revision = 0;
+    while (st == RG_OK) {
+        st = comm_read_addresses(comm, etcd, prefix, deadline, addrs, lens, &n_found,
+                                 &revision);
         if (st != RG_INPROGRESS && !(st == RG_ETIMEDOUT && rg_deadline_passed(deadline))) {
             break;
         }
         if (rg_deadline_passed(deadline)) {
             st = rg_error(RG_ETIMEDOUT, "group of %d under %s: only %d ranks published their "
-                          "address before the deadline", comm->size, prefix, n_found);
+                          "address for attempt %u before the deadline", comm->size, prefix,
+                          n_found + 1, (unsigned)comm->attempt);
             break;
         }
         char why[256];
         if (comm->abandon != NULL && comm->abandon(comm->abandon_arg, why, sizeof(why))) {
             st = rg_error(RG_EPEER, "group of %d under %s: given up with %d ranks' addresses "
-                          "read: %s", comm->size, prefix, n_found, why);
+                          "read: %s", comm->size, prefix, n_found + 1, why);
             break;
         }
         comm_progress_for(comm, backoff_ms, deadline);
         backoff_ms = RG_MIN(backoff_ms * 2, 20);
+        st = RG_OK;
     }
     if (st == RG_OK) {
-        st = comm_ucx_connect(comm, addrs, lens, deadline);
+        comm_wire_watch_arg_t warg = {.comm = comm, .etcd = etcd, .prefix = prefix,
+                                      .since = revision};
+        comm_wire_watch_t watch = {.check = comm_wire_watch, .arg = &warg};
+        st = comm_ucx_connect(comm, addrs, lens, deadline, &watch);
     }
-    if (st != RG_OK && st != RG_EINVAL && st != RG_EPROTO) {
-        /* (Another error is the one to report; a failed delete leaves a stale address, which
-         * only costs a peer another attempt.) */
+    if (st != RG_OK && published && st != RG_EINVAL && st != RG_EPROTO) {
+        /* The peers still at this attempt give it up too (another error is the one to
+         * report; a withdrawal that fails leaves an address of a worker that is gone, which
+         * costs a peer that attempt). */
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", rg_last_error());
-        rg_etcd_delete_req_t del = {.key = key};
-        if (rg_etcd_delete(etcd, &del, rg_deadline_in_ms(COMM_UNPUBLISH_MS), NULL) != RG_OK) {
-            rg_debug("deleting the address at %s: %s", key, rg_last_error());
+        if (comm_wire_put(comm, etcd, key, NULL, 0, rg_deadline_in_ms(COMM_UNPUBLISH_MS)) !=
+            RG_OK) {
+            rg_debug("withdrawing the address at %s: %s", key, rg_last_error());
         }
         (void)rg_error(st, "%s", msg);
     }
 out:
-    free(value);
     comm_ucx_release_address(comm, addr);
     for (int p = 0; addrs != NULL && p < comm->size; p++) {
         free(addrs[p]);

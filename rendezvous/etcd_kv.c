@@ -80,7 +80,10 @@ static rg_status_t range_fill(json_t *b, const rg_etcd_range_req_t *req)
     if (st == RG_OK && req->count_only) {
         json_object_set_new(b, "count_only", json_true());
     }
-    if (st == RG_OK && (req->limit < 0 || req->revision < 0)) {
+    if (st == RG_OK && req->min_mod_revision > 0) {
+        st = etcd_json_set_i64(b, "min_mod_revision", req->min_mod_revision);
+    }
+    if (st == RG_OK && (req->limit < 0 || req->revision < 0 || req->min_mod_revision < 0)) {
         st = rg_error(RG_EINVAL, "etcd: negative limit or revision in range of %s", req->key);
     }
     return st;

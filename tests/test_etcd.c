@@ -128,6 +128,21 @@ START_TEST(test_crud_and_prefix)
     ck_assert_str_eq(r.kvs[0].value, "old");
     rg_etcd_range_cleanup(&r);
 
+    /* Only the keys written since a revision (the group's wire-up watches its peers' keys
+     * so); etcd filters the keys, not the count. */
+    rg_etcd_range_req_t mq = {.key = "/t/", .prefix = true, .keys_only = true,
+                              .min_mod_revision = rev2};
+    ck_assert_int_eq(rg_etcd_range(cli, &mq, 0, &r), RG_OK);
+    ck_assert_uint_eq(r.n_kvs, 1);
+    ck_assert_str_eq(r.kvs[0].key, "/t/a");
+    rg_etcd_range_cleanup(&r);
+    mq.min_mod_revision = rev2 + 1;
+    ck_assert_int_eq(rg_etcd_range(cli, &mq, 0, &r), RG_OK);
+    ck_assert_uint_eq(r.n_kvs, 0);
+    rg_etcd_range_cleanup(&r);
+    mq.min_mod_revision = -1;
+    ck_assert_int_eq(rg_etcd_range(cli, &mq, 0, &r), RG_EINVAL);
+
     rg_etcd_delete_req_t dq = {.key = "/t/", .prefix = true, .prev_kv = true};
     rg_etcd_delete_t dr;
     ck_assert_int_eq(rg_etcd_delete(cli, &dq, 0, &dr), RG_OK);

@@ -98,6 +98,8 @@ typedef struct {
     int64_t     revision;    /* 0 = latest */
     bool        keys_only;
     bool        count_only;
+    int64_t     min_mod_revision; /* 0 = any; else only keys modified at or after it (etcd
+                                     filters the keys it returns, not `count`) */
 } rg_etcd_range_req_t;
 
 /* Frees what a range result owns (not the struct). Accepts NULL. */
