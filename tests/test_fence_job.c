@@ -112,19 +112,27 @@ START_TEST(test_stopped_agent_is_fenced)
     pid_t b;
 
     start_pair("stopped", 2, NULL, &a, &b);
+    /* (A round of world 2 from before: agent a's first round, when b came too late for it.
+     * Seen as such, b was resumed before its lease ran out and never fenced.) */
+    long from = test_log_size(dir, "a");
+    long from_b = test_log_size(dir, "b");
     ck_assert_int_eq(kill(b, SIGSTOP), 0);
     /* Past its lease TTL the other agent regroups without it. */
-    TEST_WAIT_UNTIL(test_log_has(dir, "a", "ranks 0..1 of 2,"), 60000,
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "ranks 0..1 of 2,"), 60000,
                     "the running agent did not regroup at world 2");
     ck_assert_int_eq(kill(b, SIGCONT), 0);
     /* The resumed agent finds its membership gone: what it or its workers write for the
      * old round is refused, or the workers stopped on their own view of its heartbeat, or
      * the agent found its lease lost before it wrote anything (its keepalive's deadline
-     * passed while it was stopped: seen under the sanitizers). The audit below checks that
-     * no write of the old round was accepted, whichever came first. */
-    TEST_WAIT_UNTIL(test_log_has(dir, "b", "fenced: ") ||
-                        test_log_has(dir, "b", "has not renewed its membership") ||
-                        test_log_has(dir, "b", "this agent's lease was lost"),
+     * passed while it was stopped: seen under the sanitizers), or its first look at the
+     * rendezvous found the round the others had opened and it stopped its workers (seen
+     * most often on a fast machine). The audit below checks that no write of the old round
+     * was accepted, whichever came first. */
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "b", from_b, "fenced: ") ||
+                        test_log_has_after(dir, "b", from_b, "has not renewed its membership") ||
+                        test_log_has_after(dir, "b", from_b, "this agent's lease was lost") ||
+                        test_log_has_after(dir, "b", from_b,
+                                           "ends: another agent opened a new round"),
                     30000, "the stopped node went on as if it were a member");
     test_end_training(dir);
     test_expect_exit(a, 180000, 0);
@@ -144,6 +152,7 @@ START_TEST(test_node_loss_not_counted)
      * sanitizers (at 2 s its agent once found the node lost first: no failure to attribute). */
     start_pair("lost", 6, "--max-restarts=0", &a, &b);
     ck_assert_int_eq(workers_of(b, w, 2), 2);
+    long from = test_log_size(dir, "a");
     /* The whole node at once: its agent, then its workers (they would die with it by
      * PDEATHSIG; killing them too makes the others' workers fail at once, well before the
      * lost agent's lease ends, which is the case to attribute). */
@@ -151,7 +160,8 @@ START_TEST(test_node_loss_not_counted)
     kill(w[0], SIGKILL);
     kill(w[1], SIGKILL);
     test_expect_exit(b, 10000, 128 + SIGKILL);
-    test_wait_log(dir, "a", "ranks 0..1 of 2,", 60000);
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "ranks 0..1 of 2,"), 60000,
+                    "the survivor did not regroup at world 2");
     test_end_training(dir);
     test_expect_exit(a, 180000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
@@ -181,9 +191,11 @@ START_TEST(test_preemption_not_counted)
     pid_t b;
 
     start_pair("preempted", 2, "--max-restarts=0", &a, &b);
+    long from = test_log_size(dir, "a");
     ck_assert_int_eq(kill(b, SIGTERM), 0);
     test_expect_exit(b, 30000, 128 + SIGTERM);
-    test_wait_log(dir, "a", "ranks 0..1 of 2,", 60000);
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "ranks 0..1 of 2,"), 60000,
+                    "the survivor did not regroup at world 2");
     test_end_training(dir);
     test_expect_exit(a, 180000, 0);
     ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),

@@ -69,7 +69,8 @@ void test_rmtree(const char *path)
 
 /* ---- waiting on a condition ------------------------------------------------------------ */
 
-static bool file_any_line(const char *path, const char *text, bool at_start)
+/* Whether a line of path from byte `from` on has text (or starts with it). */
+static bool file_any_line(const char *path, const char *text, bool at_start, long from)
 {
     FILE *f = fopen(path, "r");
     char *line = NULL;
@@ -77,6 +78,10 @@ static bool file_any_line(const char *path, const char *text, bool at_start)
     bool found = false;
 
     if (f == NULL) {
+        return false;
+    }
+    if (from > 0 && fseek(f, from, SEEK_SET) != 0) {
+        fclose(f);
         return false;
     }
     while (!found && getline(&line, &cap, f) >= 0) {
@@ -89,12 +94,12 @@ static bool file_any_line(const char *path, const char *text, bool at_start)
 
 bool test_file_contains(const char *path, const char *text)
 {
-    return file_any_line(path, text, false);
+    return file_any_line(path, text, false, 0);
 }
 
 bool test_file_line_starts(const char *path, const char *text)
 {
-    return file_any_line(path, text, true);
+    return file_any_line(path, text, true, 0);
 }
 
 void test_wait_file_contains(const char *path, const char *text, int timeout_ms)
@@ -269,6 +274,21 @@ bool test_log_has(const char *dir, const char *name, const char *text)
     char path[512];
     test_log_path(dir, name, path, sizeof(path));
     return test_file_contains(path, text);
+}
+
+long test_log_size(const char *dir, const char *name)
+{
+    char path[512];
+    struct stat sb;
+    test_log_path(dir, name, path, sizeof(path));
+    return stat(path, &sb) == 0 ? (long)sb.st_size : 0;
+}
+
+bool test_log_has_after(const char *dir, const char *name, long from, const char *text)
+{
+    char path[512];
+    test_log_path(dir, name, path, sizeof(path));
+    return file_any_line(path, text, false, from);
 }
 
 void test_wait_log(const char *dir, const char *name, const char *text, int timeout_ms)

@@ -112,6 +112,10 @@ void test_log_path(const char *dir, const char *name, char *out, size_t cap);
 pid_t test_spawn_logged(const char *dir, const char *name, char *const argv[]);
 /* True if a line of dir/<name>.log contains text (test_file_contains). */
 bool test_log_has(const char *dir, const char *name, const char *text);
+/* The size of dir/<name>.log now (0 if it is not there): with test_log_has_after, a line
+ * written from then on, not one from before (a job's first round has the same words). */
+long test_log_size(const char *dir, const char *name);
+bool test_log_has_after(const char *dir, const char *name, long from, const char *text);
 /* Waits until a line of dir/<name>.log contains text; fails the test after timeout_ms. */
 void test_wait_log(const char *dir, const char *name, const char *text, int timeout_ms);
 /* How many checkpoints under root are committed (have a MANIFEST: rg_ckpt_list); 0 if none
