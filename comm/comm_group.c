@@ -170,3 +170,8 @@ int rg_comm_failed_rank(const rg_comm_t *comm)
 {
     return comm != NULL ? comm->failed_rank : -1;
 }
+
+rg_status_t rg_comm_fail_status(const rg_comm_t *comm)
+{
+    return comm == NULL || comm->healthy ? RG_OK : comm->fail_status;
+}

@@ -156,6 +156,8 @@ typedef enum {
     RG_NOTICE_MSG_READY   = 'R',   /* a replacement is ready to join the running job */
     RG_NOTICE_MSG_RESTART = 'X',   /* in-place recovery failed here: restart the job */
     RG_NOTICE_MSG_JOINED  = 'J',   /* this worker is in the group of the page's round */
+    RG_NOTICE_MSG_REGROUP = 'G',   /* this worker's group failed with no member lost (a
+                                      deadline passed): open the next round */
 } rg_notice_msg_t;
 
 /* Sends msg for local_rank on $REGROUP_AGENT_PIPE_FD (never blocks; false if there is no

@@ -397,6 +397,8 @@ typedef struct {
     uint64_t assigned_ns;                   /* when the page's assignment was written */
     bool  restart_asked;                    /* a worker said in-place recovery failed */
     bool  ready_seen;                       /* a replacement became ready */
+    bool  regroup_asked;                    /* a worker's group failed with no member lost:
+                                               it asked for the next round */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
     int64_t term_end_ms;                    /* SIGTERM came while this node rejoined: it
                                                leaves once in the round (its workers take

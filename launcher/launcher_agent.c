@@ -471,6 +471,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
              * would take its place on the page) */
             pending = "a replacement worker is ready";
         }
+        if (ag->ip.enabled && ag->ip.regroup_asked && pending == NULL && !lv.own) {
+            pending = "a worker's group failed with no member lost";
+        }
         /* A planned change waits until this node's workers are in the round assigned, so
          * that none skips the round its peers are building (bounded). */
         if (pending != NULL && launcher_inplace_settled(&ag->ip, &ag->ws)) {

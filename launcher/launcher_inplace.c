@@ -145,6 +145,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
     }
     ip->restart_asked = false;
     ip->ready_seen = false;
+    ip->regroup_asked = false;
     /* What the stopped workers wrote is about them, not about the new ones. */
     for (int k = 0; k < 64 && ip->pipe_r >= 0 && read(ip->pipe_r, buf, sizeof(buf)) > 0; k++) {
     }
@@ -176,6 +177,14 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
             } else if (msg == RG_NOTICE_MSG_JOINED) {
                 ip->joined[lr] = true;
                 ip->fresh[lr] = false;
+            } else if (msg == RG_NOTICE_MSG_REGROUP) {
+                /* (Only from a worker in the group of the round assigned: one that asked
+                 * before a newer assignment is in that round already.) */
+                if (ip->state[lr] == INPLACE_IN_ROUND && ip->joined[lr] && !ip->regroup_asked) {
+                    rg_info("local rank %d (pid %d): its group failed with no member lost; "
+                            "asking for the next round", lr, (int)ws->w[lr].pid);
+                    ip->regroup_asked = true;
+                }
             } else if (msg == RG_NOTICE_MSG_READY) {
                 if (ip->state[lr] == INPLACE_PENDING) {
                     rg_info("local rank %d (pid %d): the replacement is ready to join", lr,
@@ -290,6 +299,7 @@ void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
         }
     }
     ip->ready_seen = ready_left;   /* (it is the next planned change) */
+    ip->regroup_asked = false;
     ip->assigned_ns = rg_now_ns();
     rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n);
 }

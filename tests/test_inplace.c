@@ -634,6 +634,44 @@ START_TEST(test_inplace_hang_while_joining)
 }
 END_TEST
 
+/* A worker stalls (SIGSTOP, with the hang check off) past its group's deadline and goes on
+ * (SIGCONT): no worker died and no lease was lost, so no agent forms a round by itself; the
+ * workers whose deadline passed ask theirs for one, and the job regroups in place at the
+ * same size, every first worker kept. Before, they waited three lease TTLs for a round that
+ * nobody opened and the job restarted from its checkpoint (a network cut between the nodes
+ * did the same: the chaos suite's peer-partition). */
+START_TEST(test_inplace_stalled_worker)
+{
+    job_etcd();
+    setenv("REGROUP_LOG_LEVEL", "info", 1);
+    setenv("REGROUP_COMM_TIMEOUT_MS", "2000", 1);
+    pid_t a = start_node("a", "--nnodes=1", "--nproc-per-node=3",
+                         "--rdzv-conf=lease_ttl=2,hang_timeout=0");
+    unsetenv("REGROUP_LOG_LEVEL");
+    unsetenv("REGROUP_COMM_TIMEOUT_MS");
+    wait_training();
+    pids_t p;
+    read_pids("a", &p);
+    ck_assert_int_eq(p.n_started, 3);
+    ck_assert_int_eq(kill(p.started[1], SIGSTOP), 0);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "deadline passed waiting for"), 30000,
+                    "no peer of the stopped worker found its deadline passed");
+    ck_assert_int_eq(kill(p.started[1], SIGCONT), 0);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped in place from round 0 into round 1"),
+                    30000, "the job did not regroup in place after the stall");
+    test_end_training(dir);
+    test_expect_exit(a, 120000, 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=3"),
+                  "the job did not finish exactly at world 3");
+    ck_assert_msg(test_log_has(dir, "a", "asking for the next round"),
+                  "no worker asked for a round");
+    ck_assert_msg(!test_log_has(dir, "a", "resumed from step") &&
+                      !test_log_has(dir, "a", "restart the job"),
+                  "the job restarted");
+    check_pids("a", 3, 3);
+}
+END_TEST
+
 /* Node b (nproc_b workers) joins a running in-place job of node a's nproc_a: b's workers
  * start as newcomers outside any round while the job goes on, and join once ready, receiving
  * the state over the group; nobody restarts (node a's first workers finish the job) and the
@@ -1079,6 +1117,7 @@ int main(void)
     tcase_add_test(tc, test_inplace_bigger_node_joins);
     tcase_add_test(tc, test_inplace_node_waits_at_max_size);
     tcase_add_test(tc, test_inplace_hang_while_joining);
+    tcase_add_test(tc, test_inplace_stalled_worker);
     tcase_add_test(tc, test_inplace_preemption);
     tcase_add_test(tc, test_inplace_sigterm_while_rejoining);
     tcase_add_test(tc, test_inplace_sigterm_during_a_planned_change);

@@ -35,7 +35,8 @@
 #define REGROUP_TIMEOUT_MS  120000
 #define CREATE_ATTEMPT_MS   3000    /* one wire-up; then look for a newer round */
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
-#define NEWER_WAIT_MS       1000    /* after a failed attempt: a newer round, or the same */
+#define NEWER_WAIT_MS       200     /* after a failed attempt: a newer round, or the same */
+#define ASK_ROUND_MS        1000    /* past the lease TTL with no round: ask for one */
 #define AGREE_WORDS         4       /* each member's step, buffer count, bytes and chunk */
 #define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
@@ -179,6 +180,17 @@ void train_group_watch(rg_train_ctx_t *ctx, int round, int world, rg_comm_params
     ctx->group_world = world;
     params->abandon = group_member_lost;
     params->abandon_arg = ctx;
+}
+
+/* Asks this worker's agent for the next round (RG_NOTICE_MSG_REGROUP), once per regroup. */
+static void ask_round(rg_train_ctx_t *ctx, int round, const char *why)
+{
+    if (rg_notice_msg_send(RG_NOTICE_MSG_REGROUP, ctx->local_rank)) {
+        rg_info("regroup from round %d: %s: asking for the next round", round, why);
+    } else {
+        rg_warn("regroup from round %d: %s, and the agent cannot be asked for a round",
+                round, why);
+    }
 }
 
 /* Waits for an assignment of round min_round or newer that includes this worker. */
@@ -519,6 +531,9 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
     uint64_t t0 = rg_now_ns();
     int from_round = ctx->round;
     int min_round = ctx->round + 1;
+    /* A group whose deadline passed with no peer seen to die: nobody forms a round for that
+     * (no lease is lost, no worker exits), so this worker asks its agent for one. */
+    bool stalled = rg_comm_fail_status(ctx->comm) == RG_ETIMEDOUT;
 
     if (ctx->joining && !ctx->said_ready) {
         ctx->said_ready = rg_notice_msg_send(RG_NOTICE_MSG_READY, ctx->local_rank);
@@ -531,7 +546,10 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         leave_group(ctx);
         if (attempt > 0) {
             /* After a failed attempt at round min_round - 1: a newer round if the agents form
-             * one soon (a member died), else that round again (a member was slow). */
+             * one soon (a member died), else that round again (a member was slow, or cut off
+             * and maybe back). A newer round that comes later gives the attempt up (the
+             * group's abandon hook), so the wait is short: a partition that healed while an
+             * attempt waited costs the next attempt, not a second more. */
             rg_deadline_t soon = RG_MIN(deadline, rg_deadline_in_ms(NEWER_WAIT_MS));
             st = wait_assignment(ctx, min_round, soon, &a);
             if (st == RG_ETIMEDOUT && !rg_deadline_passed(deadline)) {
@@ -539,11 +557,25 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
             }
         } else if (!ctx->joining) {
             /* A member's failure makes its agent (or, once its lease is gone, the others)
-             * open a round within about a lease TTL. None by then: a peer stopped answering
-             * without dying (nobody forms a round for that), so the job restarts. */
+             * open a round within about a lease TTL. A group that failed on a deadline, or
+             * no round by a TTL and a second: no member was lost (a peer stalled, or the
+             * network between the ranks was cut and is maybe whole again), so this worker
+             * asks for a round of the same members. None by three TTLs: the job restarts. */
             int64_t ttl = rg_notice_lease_ttl_ms(&ctx->notice);
             rg_deadline_t first = RG_MIN(deadline, rg_deadline_in_ms(RG_MAX(3000, 3 * ttl)));
-            st = wait_assignment(ctx, min_round, first, &a);
+            if (stalled) {
+                ask_round(ctx, from_round, "its group's deadline passed with no member lost");
+            } else {
+                st = wait_assignment(ctx, min_round,
+                                     RG_MIN(first, rg_deadline_in_ms(ttl + ASK_ROUND_MS)), &a);
+                if (st == RG_ETIMEDOUT && !rg_deadline_passed(first)) {
+                    ask_round(ctx, from_round, "no round came a lease TTL after its group "
+                              "failed");
+                }
+            }
+            if (stalled || st == RG_ETIMEDOUT) {
+                st = wait_assignment(ctx, min_round, first, &a);
+            }
         } else {
             /* A newcomer waits until the members let it in, as long as its agent may take
              * for that (a node at the job's maximum size waits for room), then has the

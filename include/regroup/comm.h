@@ -160,6 +160,10 @@ int  rg_comm_size(const rg_comm_t *comm);
 bool rg_comm_is_healthy(const rg_comm_t *comm);
 /* The rank that failed first, or -1 (unknown or none). */
 int  rg_comm_failed_rank(const rg_comm_t *comm);
+/* How the group failed: RG_OK while it is healthy (or for NULL); RG_ETIMEDOUT when an
+ * operation's deadline passed with no peer seen to die, leave or abort (a peer stalled, or
+ * the network between the ranks is cut); RG_EPEER when a peer died, left or aborted. */
+rg_status_t rg_comm_fail_status(const rg_comm_t *comm);
 
 /* Per-call options; NULL (or zeroed) means the defaults (the group's timeout, host memory). */
 typedef struct {
