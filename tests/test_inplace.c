@@ -478,6 +478,34 @@ START_TEST(test_inplace_newcomer_killed_mid_transfer)
 }
 END_TEST
 
+/* A state transfer that outlasts the group's timeout (REGROUP_COMM_TIMEOUT_MS 2 s here; the
+ * 32 MiB in 8-byte chunks take several seconds): the survivors that take no part in it wait
+ * within the regroup, under the regroup's deadline, until every member holds the state.
+ * Before, they went on to the next step and waited for the source in its allreduce, under the
+ * group's timeout: it passed with no member lost, they asked for another round, and the job
+ * regrouped again (under a loaded CI, the joining test's transfer restarted the job). */
+START_TEST(test_inplace_transfer_outlasts_the_group_timeout)
+{
+    pid_t job;
+    int round;
+    int source;
+    setenv("REGROUP_COMM_TIMEOUT_MS", "2000", 1);
+    int pid = transfer_job("slow", &job, &round, &source);
+    unsetenv("REGROUP_COMM_TIMEOUT_MS");
+    end_one_node("slow", job);
+    char text[96];
+    snprintf(text, sizeof(text), "into round %d:", round);
+    ck_assert_msg(log_line_pid("slow", "regrouped in place from round", text, pid, NULL, 0) > 0,
+                  "the replacement (pid %d) did not regroup into round %d", pid, round);
+    const char *never[] = {"with no member lost", "a lease TTL after its group failed",
+                           "restart the job", "deadline passed"};
+    for (size_t i = 0; i < sizeof(never) / sizeof(never[0]); i++) {
+        ck_assert_msg(!test_log_has(dir, "slow", never[i]), "\"%s\" in the log", never[i]);
+    }
+    check_pids("slow", 4, 3);
+}
+END_TEST
+
 static char ep_arg[600];
 
 /* The test's etcd, for start_node. */
@@ -1134,6 +1162,7 @@ int main(void)
     tcase_add_test(tx, test_inplace_source_killed_mid_transfer);
     tcase_add_test(tx, test_inplace_newcomer_killed_mid_transfer);
     tcase_add_test(tx, test_inplace_joining_newcomer_killed_mid_transfer);
+    tcase_add_test(tx, test_inplace_transfer_outlasts_the_group_timeout);
     suite_add_tcase(s, tx);
     return test_main("test_inplace", s, NULL);
 }

@@ -337,7 +337,7 @@ static size_t xfer_chunk_bytes(void)
  * none, receives into its buffers. Each member takes the replicated state and its rows of
  * the table together, once both arrived (one consistent state, or none). */
 static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int64_t *my_step,
-                               rg_data_cursor_t *my_cursor)
+                               rg_data_cursor_t *my_cursor, rg_deadline_t deadline)
 {
     int world = ctx->world;
     int64_t *words = calloc((size_t)world, AGREE_WORDS * sizeof(*words));
@@ -447,6 +447,18 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         rg_info("regroup: every member of round %d holds the state of step %lld",
                 ctx->round, (long long)best);
     }
+    if (st == RG_OK && n_peers > 0) {
+        /* Every member waits here, under the regroup's deadline, until the state is
+         * everywhere. The members that take no part in the transfer would otherwise wait for
+         * the source in their next collective, under the group's timeout, which a long
+         * transfer passes with no member lost (and the job regroups again, for nothing). */
+        failed_buf = 0;
+        st = rg_comm_barrier(ctx->comm, &(rg_comm_opts_t){.deadline = deadline});
+        if (st != RG_OK) {
+            rg_info("regroup: a member failed before every member of round %d held the state "
+                    "of step %lld (%s)", ctx->round, (long long)best, rg_last_error());
+        }
+    }
     if (st != RG_OK) {
         /* The group is unusable. Destroyed first: UCX writes no more into a failed
          * operation's buffers once it is (comm.h). A receiver with a state of its own keeps
@@ -466,16 +478,6 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         }
         goto out;
     }
-    if (receives) {
-        size_t off = 0;
-        for (size_t i = 0; scratch != NULL && i < rs->n_bufs; i++) {
-            memcpy(rs->bufs[i].data, scratch + off, rs->bufs[i].bytes);
-            off += rs->bufs[i].bytes;
-        }
-        *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[0], .epoch = (uint64_t)hdr[1],
-                                        .step = (uint64_t)hdr[2]};
-    }
-    *my_step = best;
     if (view != NULL) {
         train_table_adopt(ctx, rs->table, view);
         rg_info("regroup: the sharded table at step %lld: of this rank's rows, %zu came from "
@@ -487,6 +489,20 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
             goto out;
         }
     }
+    /* Only now the step received: a member whose regroup failed after the transfer (in the
+     * table) keeps the state it had, and a replacement still has none, so that the next try
+     * sends it again. Before, the step was taken first: a replacement whose table failed
+     * went into the next try saying it held the state, and received none. */
+    if (receives) {
+        size_t off = 0;
+        for (size_t i = 0; scratch != NULL && i < rs->n_bufs; i++) {
+            memcpy(rs->bufs[i].data, scratch + off, rs->bufs[i].bytes);
+            off += rs->bufs[i].bytes;
+        }
+        *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[0], .epoch = (uint64_t)hdr[1],
+                                        .step = (uint64_t)hdr[2]};
+    }
+    *my_step = best;
     rs->received = receives;
     rs->source = source;
     rs->step_out = best;
@@ -590,7 +606,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         st = make_group(ctx, &a, deadline);
         if (st == RG_OK) {
             (void)rg_notice_msg_send(RG_NOTICE_MSG_JOINED, ctx->local_rank);
-            st = agree_state(ctx, rs, &my_step, &my_cursor);
+            st = agree_state(ctx, rs, &my_step, &my_cursor, deadline);
         }
         if (st == RG_OK) {
             st = train_ckpt_open(ctx);
