@@ -67,5 +67,16 @@ if ! REGROUP_BUILD=build-test-release chaos/run --quick --recovery=in-place --se
         --bound-scale 5 --report build-test-release/chaos-report-in-place.json; then
     status=1
 fi
+# What failed, last: a failing suite's output can be long (its logs), and the lines that say
+# which check failed and why are easy to lose in the middle of it.
+if [ "$status" -ne 0 ]; then
+    phase "what failed"
+    for dir in build-test-sanitize build-test-release; do
+        log=$dir/Testing/Temporary/LastTest.log
+        if [ -f "$log" ]; then
+            grep -E ':[FE]:|^[0-9]+%: Checks|FAILED|Error:|Timeout' "$log" | head -n 40 || true
+        fi
+    done
+fi
 phase "done: status $status"
 exit $status
