@@ -78,6 +78,10 @@ def test_in_place_kill_keeps_survivors(tmp):
     for r in (0, 1, 3):   # the same process from start to end
         assert r in done and done[r] == started[r], (r, out)
     assert done[2] != started[2], out              # the replacement
+    # get_step: the job's steps, the same on every rank (16 an epoch), the discarded step
+    # at the kill not counted, the replacement's from the state it received
+    assert sorted(re.findall(r"worker done pid=\d+ rank=\d+ world=4 step=(\d+)", out)) == \
+        ["48"] * 4, out
     # Only the replacement resumed, from what the survivors hold, not from a file.
     resumed = re.findall(r"worker rank=(\d+) resumed from epoch \d+ \(path=(\S+)\)", out)
     assert resumed == [("2", "None")], out

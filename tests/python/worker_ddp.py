@@ -132,15 +132,15 @@ def train_func(config):
                 os.rename(config["at_the_end"] + ".tmp", config["at_the_end"])
             wait_for_a_deferred_change(ctx)
             if ctx.get_world_rank() == 0:
-                print("last report at step %d" % _session.get().done, flush=True)
+                print("last report at step %d" % ctx.get_step(), flush=True)
         if epoch == 0:
             kill_before(config, ctx, "report")
         train.report({"epoch": epoch, "loss": float(loss), "world_size": ctx.get_world_size()},
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "opt": opt.state_dict(),
                          "epoch": epoch}))
-    print("worker done pid=%d rank=%d world=%d" % (os.getpid(), ctx.get_world_rank(),
-                                                    ctx.get_world_size()), flush=True)
+    print("worker done pid=%d rank=%d world=%d step=%d" % (
+        os.getpid(), ctx.get_world_rank(), ctx.get_world_size(), ctx.get_step()), flush=True)
 
 
 def preempt_now(config, ctx):

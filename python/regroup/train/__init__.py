@@ -59,6 +59,12 @@ class TrainContext:
     def get_round(self):
         return self._s.ctx.round
 
+    def get_step(self):
+        """The steps the job has taken (its global step, the same on every rank): the
+        prepared optimizer's steps, not counting one a failure discarded (in place, the
+        loader replays its batch); after a restart, those of the checkpoint resumed from."""
+        return self._s.done
+
     def get_experiment_name(self):
         import os
         return os.path.basename(self._s.run_dir) if self._s.run_dir else None
