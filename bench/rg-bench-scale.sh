@@ -31,6 +31,14 @@
 #         rows were held at no step a member is at (fallbacks_to_disk: runs whose regroup said
 #         the rows were held by no member and which resumed from a checkpoint; any other
 #         resume fails the bench), and the pause and steps redone with it.
+#   to_training_s  (loss, preempt) from node b's signal to the step that ends the longest gap
+#                after it: the first the survivors completed at world 2
+# --workload torch (scenarios loss and preempt) runs examples/python/ddp_trainer.py in each
+# agent instead (PyTorch DDP through regroup.train: TorchTrainer, prepare_model, optimizer and
+# loader, Fashion-MNIST; --preload=torch,numpy, so that a restarted worker is forked from an
+# interpreter that imported torch; its --step-log, rank 0's wall time of each step): the run
+# is checked by the last record of its metrics.jsonl (every step of --epochs at world size 2,
+# a test accuracy above 0.8) instead of rg-exact's exact=1.
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
 # load averages at its start and end. A run that does not end with exact=1 at the expected
@@ -42,6 +50,7 @@
 #                           [--scenario join|loss|kill|preempt|copies|both|all]   (both: join
 #                           and loss; all: not copies) [--table-rows N] (copies: 1000)
 #                           [--keep DIR]   (every run's logs and step logs, copied to DIR)
+#                           [--workload exact|torch]   (torch: --epochs defaults to 2)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/bench_lib.sh"
@@ -51,17 +60,21 @@ reps=5
 work=100000
 epochs=6
 at=15
+at_set=0
 scenarios="join loss"
 keep=""
+workload=exact
+epochs_set=0
 table_rows=1000
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|copies|both|all] [--table-rows N] [--keep DIR]"
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|copies|both|all] [--table-rows N] [--keep DIR] [--workload exact|torch]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
         --work) work=$2; shift 2 ;;
-        --epochs) epochs=$2; shift 2 ;;
-        --at) at=$2; shift 2 ;;
+        --epochs) epochs=$2; epochs_set=1; shift 2 ;;
+        --workload) workload=$2; shift 2 ;;
+        --at) at=$2; at_set=1; shift 2 ;;
         --keep) keep=$2; shift 2 ;;
         --table-rows) table_rows=$2; shift 2 ;;
         --scenario)
@@ -76,11 +89,28 @@ rg_bench_check_reps "$reps"
 [[ "$at" =~ ^[0-9]+$ ]] && ((at >= 2)) || { echo "--at must be at least 2" >&2; exit 2; }
 [[ "$epochs" =~ ^[0-9]+$ && "$work" =~ ^[0-9]+$ ]] && ((epochs >= 1)) ||
     { echo "--epochs and --work must be whole numbers (epochs >= 1)" >&2; exit 2; }
-[[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
-    echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
-# 25 steps an epoch (rg-exact's 1000 samples in batches of 40): the event must come early
-# enough for the job to go on well past it.
-((at + 10 < epochs * 25)) || { echo "--at must be well below the job's $((epochs * 25)) steps" >&2; exit 2; }
+python=/usr/bin/python3   # Debian's, with python3-torch
+case $workload in
+exact)
+    [[ -x "$build/regroup" && -x "$build/examples/rg-exact" ]] || {
+        echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
+    steps_per_epoch=25 ;;   # rg-exact's 1000 samples in batches of 40
+torch)
+    [[ -x "$build/regroup" && -e "$build/libregroup.so" ]] || {
+        echo "$build/regroup or $build/libregroup.so not built" >&2; exit 2; }
+    "$python" -c "import torch" 2>/dev/null || { echo "$python cannot import torch" >&2; exit 2; }
+    for s in $scenarios; do
+        [[ "$s" == loss || "$s" == preempt ]] ||
+            { echo "--workload torch runs the loss and preempt scenarios only" >&2; exit 2; }
+    done
+    ((epochs_set)) || epochs=2
+    ((at_set)) || at=200
+    steps_per_epoch=938 ;;  # Fashion-MNIST's 60,000 samples in global batches of 64
+*) echo "$usage" >&2; exit 2 ;;
+esac
+# The event must come early enough for the job to go on well past it.
+((at + 10 < epochs * steps_per_epoch)) ||
+    { echo "--at must be well below the job's $((epochs * steps_per_epoch)) steps" >&2; exit 2; }
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 out=$(mktemp -d /tmp/rg-bench-scale.XXXXXX)
@@ -115,6 +145,10 @@ for _ in $(seq 100); do
 done
 ((up)) || { echo "etcd did not become healthy in 10 s:" >&2; tail -5 "$out/etcd.log" >&2; exit 1; }
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
+if [[ "$workload" == torch ]]; then
+    export PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
+        REGROUP_LIBRARY="$build/libregroup.so" REGROUP_LAUNCHER="$build/regroup"
+fi
 load_start=$(rg_bench_loadavg)
 
 now_ms() { rg_bench_now_ms; }
@@ -128,10 +162,20 @@ show() { rg_bench_show "$@"; }
 agent() {
     local d=$1 name=$2 mode=$3 id=$4 conf=$5 nnodes=${6:-1:2}
     shift $(($# < 6 ? $# : 6))
+    local prog=("$build/examples/rg-exact" --epochs "$epochs" --work "$work"
+                --step-log "$d/steps.txt" "$@")
+    local pre=()
+    if [[ "$workload" == torch ]]; then
+        # the data set decompressed once per run (a restarted worker reads it from there)
+        pre=(--preload=torch,numpy)
+        prog=("$python" "$here/../examples/python/ddp_trainer.py" --workers 4
+              --epochs "$epochs" --recovery "$mode" --storage "$d" --name run
+              --data-cache "$d/data" --step-log "$d/steps.txt" "$@")
+    fi
     REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --rdzv-endpoint="127.0.0.1:$cport" \
         --rdzv-id="$id" --nnodes="$nnodes" --nproc-per-node=2 --max-restarts=3 \
-        --recovery="$mode" --rdzv-conf="$conf" "$build/examples/rg-exact" --epochs "$epochs" \
-        --work "$work" --step-log "$d/steps.txt" "$@" >"$d/$name.log" 2>&1 &
+        --recovery="$mode" --rdzv-conf="$conf" "${pre[@]}" "${prog[@]}" \
+        >"$d/$name.log" 2>&1 &
     pids+=($!)
 }
 
@@ -149,9 +193,22 @@ has_steps() { [[ -e "$1" ]] && (( $(wc -l <"$1") >= $2 )); }
 # Waits for agent $1 (300 s at most; then it is killed) and sets rc to its exit status.
 wait_agent() { rg_bench_wait_child "$1" 300000; }
 
-# The run's result: exactly one exact= line, exact=1 at world size $2.
+# The run's result: exactly one exact= line, exact=1 at world size $2 (the torch workload:
+# its metrics.jsonl's last record at the job's last step, world size $2, accuracy > 0.8).
 check_exact() {
     local line
+    if [[ "$workload" == torch ]]; then
+        "$python" - "$1/run/metrics.jsonl" "$2" "$((epochs * steps_per_epoch))" <<'PY' ||
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+last = recs[-1]
+ok = (last["step"] == int(sys.argv[3]) and last["world_size"] == int(sys.argv[2])
+      and last["metrics"]["test_accuracy"] > 0.8)
+sys.exit(0 if ok else "last record: %s" % last)
+PY
+            { show "$1"/*.log; fail "$1: the torch job did not end at world size $2"; }
+        return
+    fi
     line=$(cat "$1"/[abc].log | grep -a '^exact=' || true)
     [[ "$(grep -c . <<<"$line")" == 1 && "$line" == exact=1* && "$line" == *" world=$2" ]] ||
         { show "$1"/*.log; fail "$1: not exact at world size $2: ${line:-no exact= line}"; }
@@ -216,7 +273,10 @@ run_loss() { # $1 = mode (restart|in-place|copies-1|copies-2), $2 = repetition; 
     [[ "$sig" == KILL ]] || grep -aq "this node leaves the job: SIGTERM" "$d/b.log" ||
         { show "$d/b.log"; fail "$d: node b did not leave on SIGTERM"; }
     check_exact "$d" 2
-    if [[ "$mode" == in-place ]] && grep -aq "resumed from step" "$d/a.log"; then
+    if [[ "$workload" == torch && "$mode" == in-place ]]; then
+        [[ "$(grep -ac "started 2 workers" "$d/a.log")" == 1 ]] ||
+            { show "$d/a.log"; fail "$d: node a's workers were started again in place"; }
+    elif [[ "$mode" == in-place ]] && grep -aq "resumed from step" "$d/a.log"; then
         [[ "$scen" == copies ]] && grep -aq "held by no member" "$d/a.log" ||
             fail "$d: resumed from a checkpoint in place"
         fb=1   # the table's rows were held at no common step: back to the disk checkpoint
@@ -265,7 +325,7 @@ for s in $scenarios; do
 done
 
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
-    "$load_start" "$table_rows" <<'EOF'
+    "$load_start" "$table_rows" "$workload" <<'EOF'
 import json, os, sys
 from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -284,6 +344,15 @@ def first_at(steps, frm):
     after = [i for i in idx if i > 0 and steps[i - 1][0] >= frm + 1]
     return steps[(after or idx)[0]][1]
 
+def to_training(steps, event_ms):
+    """Seconds from the event to the step that ends the longest gap after it: the first the
+    survivors completed at their new size."""
+    ends = [i for i in range(1, len(steps)) if steps[i][1] > event_ms]
+    if not ends:
+        raise SystemExit("no step completed after the event")
+    i = max(ends, key=lambda i: steps[i][1] - steps[i - 1][1])
+    return (steps[i][1] - event_ms) / 1000.0
+
 names = {"join": "node-joins", "loss": "node-lost", "kill": "worker-sigkill",
          "preempt": "node-preempted", "copies": "node-lost-table"}
 order = ["join", "loss", "kill", "preempt", "copies"]
@@ -296,7 +365,11 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
             job_s, event_ms, frm, fb = runs[(scen, mode, r)]
             steps = read(os.path.join(out, f"{scen}-{mode}-{r}", "steps.txt"))
             pause, redone, step_s = pause_redone(steps)
-            extra = (first_at(steps, frm) - event_ms) / 1000.0 if scen == "join" else None
+            extra = None
+            if scen == "join":
+                extra = (first_at(steps, frm) - event_ms) / 1000.0
+            elif scen in ("loss", "preempt"):
+                extra = to_training(steps, event_ms)
             res.append((pause, redone, step_s, job_s, extra, fb))
             jobs[(mode, r)] = job_s
         line = {"bench": "scale", "scenario": names[scen],
@@ -308,6 +381,9 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
                 "step_s": stats([x[2] for x in res])}
         if scen == "join":
             line["to_world4_s"] = stats([x[4] for x in res])
+        if scen in ("loss", "preempt"):
+            line["to_training_s"] = stats([x[4] for x in res])
+        line["workload"] = sys.argv[10]
         if scen == "copies":
             line["table_rows"] = int(sys.argv[9])
             line["fallbacks_to_disk"] = sum(x[5] for x in res)

@@ -61,9 +61,13 @@ def train_func(config):
             opt.zero_grad()
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
-            opt.step()
+            before = ctx.get_step()
+            opt.step()   # (in place, a step a failure broke is discarded: not counted)
             steps += 1
             trained += loader.global_count
+            if config["step_log"] and ctx.get_world_rank() == 0 and ctx.get_step() > before:
+                with open(config["step_log"], "a") as f:
+                    f.write("%d %d\n" % (ctx.get_step(), time.time_ns() // 1000000))
             if steps == config["kill_at"] and ctx.get_world_rank() == config["kill_rank"] and \
                     ctx.get_round() == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
                 print("rank %d: killing myself at step %d" % (ctx.get_world_rank(), steps),
@@ -96,10 +100,13 @@ def main():
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--name", default="ddp-fmnist")
     ap.add_argument("--storage", default=None)
+    ap.add_argument("--step-log", default=None,
+                    help="rank 0 appends \"STEP MS\" here for each step it completes (the "
+                    "job's step, the wall clock in ms): what the benchmarks time")
     a = ap.parse_args()
     config = {k: getattr(a, k) for k in ("workers", "epochs", "batch", "lr", "seed",
                                          "train_samples", "data", "data_cache", "kill_at",
-                                         "kill_rank")}
+                                         "kill_rank", "step_log")}
     trainer = train.TorchTrainer(
         train_func, train_loop_config=config,
         scaling_config=train.ScalingConfig(num_workers=a.workers),
