@@ -20,10 +20,11 @@ EXAMPLE = os.path.join(conftest.SRC, "examples", "python", "ddp_trainer.py")
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def fit(tmp, name, *args, timeout=240, script=DDP):
-    """Runs a TorchTrainer program as a user does (python3 script.py): (exit code, output)."""
+def fit(tmp, name, *args, timeout=240, script=DDP, **env):
+    """Runs a TorchTrainer program as a user does (python3 script.py), with env added to
+    the environment: (exit code, output)."""
     cmd = [PYTHON, script, "--storage", tmp, "--name", name] + [str(a) for a in args]
-    p = subprocess.run(cmd, env=worker_env(tmp), stdout=subprocess.PIPE,
+    p = subprocess.run(cmd, env=worker_env(tmp, **env), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=timeout)
     out = p.stdout.decode(errors="replace")
     sys.stdout.write(out)   # whole in pytest's report of a failure (an assertion cuts it)
@@ -85,6 +86,28 @@ def test_in_place_kill_keeps_survivors(tmp):
     # Only the replacement resumed, from what the survivors hold, not from a file.
     resumed = re.findall(r"worker rank=(\d+) resumed from epoch \d+ \(path=(\S+)\)", out)
     assert resumed == [("2", "None")], out
+    assert "restart" not in out.replace("max_restarts", ""), out
+    assert_gone(out)
+
+
+@pytest.mark.training
+def test_in_place_stalled_worker(tmp):
+    """Rank 1 stops (SIGSTOP) for 4 s at step 20, past its peers' group timeout (2 s here;
+    the hang check off): no member is lost and no worker exits, so the workers whose group
+    timed out ask their agent for the next round, and the job regroups in place at the same
+    size, every worker in its own process; every sample of every epoch once. Without the ask,
+    they waited three lease TTLs for a round nobody opened and the job restarted."""
+    rc, out = fit(tmp, "stall", "--workers", 4, "--epochs", 3, "--stall-at", 20,
+                  "--stall-s", 4, REGROUP_COMM_TIMEOUT_MS=2000,
+                  REGROUP_RDZV_CONF="hang_timeout=0,lease_ttl=2")
+    assert rc == 0, out
+    assert "rank 1: continued" in out, out
+    assert "counts_ok=True" in out, out
+    # (the group's timeout: a regroup_failure that is no PeerError)
+    assert re.search(r"regrouped at step \d+: world size 4, round 1 \(Error\)", out), out
+    started = pids(out, r"worker pid=(\d+) rank=(\d+)")
+    done = pids(out, r"worker done pid=(\d+) rank=(\d+) world=4")
+    assert done == started and len(done) == 4, out
     assert "restart" not in out.replace("max_restarts", ""), out
     assert_gone(out)
 

@@ -122,6 +122,8 @@ def train_func(config):
                 print("rank %d: killing myself at step %d" % (ctx.get_world_rank(), steps),
                       flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if first and steps == config["stall_at"] and ctx.get_world_rank() == 1:
+                stall(config["stall_s"])
             if first and steps == config["raise_at"] and \
                     ctx.get_world_rank() == config["raise_rank"]:
                 raise ValueError("boom at step %d" % steps)
@@ -157,6 +159,21 @@ def preempt_now(config, ctx):
                 return
         time.sleep(0.01)
     raise RuntimeError("no preemption notice in %s within 120 s" % config["log"])
+
+
+def stall(seconds):
+    """Stops this worker (SIGSTOP) for `seconds`: a child process continues it (SIGCONT)
+    then. The stall is the fault; the child's wait is its length."""
+    print("rank 1: stopping myself for %g s" % seconds, flush=True)
+    if os.fork() == 0:
+        try:
+            time.sleep(seconds)
+            os.kill(os.getppid(), signal.SIGCONT)
+        finally:
+            os._exit(0)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    os.wait()
+    print("rank 1: continued", flush=True)
 
 
 def wait_for_file(path):
@@ -198,6 +215,8 @@ def main():
     ap.add_argument("--wait-for-replacement", action="store_true")
     ap.add_argument("--preempt-after-epoch", type=int, default=-1)
     ap.add_argument("--log", default="")
+    ap.add_argument("--stall-at", type=int, default=-1, help="rank 1 stops at this step")
+    ap.add_argument("--stall-s", type=float, default=4.0)
     a = ap.parse_args()
     config = {"epochs": a.epochs, "kill_at": a.kill_at, "kill_rank": a.kill_rank,
               "kill_before": a.kill_before,
@@ -205,7 +224,8 @@ def main():
               "end_with_change": a.end_with_change,
               "at_the_end": os.path.join(os.path.abspath(a.storage), a.name + ".at-the-end"),
               "wait_for_replacement": a.wait_for_replacement,
-              "preempt_after_epoch": a.preempt_after_epoch, "log": os.path.abspath(a.log)}
+              "preempt_after_epoch": a.preempt_after_epoch, "log": os.path.abspath(a.log),
+              "stall_at": a.stall_at, "stall_s": a.stall_s}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
     trainer = train.TorchTrainer(
