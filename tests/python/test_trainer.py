@@ -314,6 +314,37 @@ def test_preemption_at_an_epochs_last_step(tmp):
     assert "checkpoint_step=64" in out2, out2
 
 
+@pytest.mark.training
+def test_preemption_before_the_first_report(tmp):
+    """The notice at step 5, mid-epoch 0, before any report(): the last checkpoint holds the
+    state at that step (the prepared model's and optimizer's); the program run again resumes
+    from it (its get_checkpoint() finds nothing reported and returns None, and the session
+    puts the state back at the loader's first iteration): every count exact, no step lost.
+    Before, no last checkpoint was taken ("step 5 is not being saved and no state was
+    given") and the program run again started from the beginning."""
+    log_path = os.path.join(tmp, "first.log")
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen([PYTHON, DDP, "--storage", tmp, "--name", "early", "--workers",
+                              "2", "--epochs", "4", "--preempt-at-step", "5", "--log",
+                              log_path], env=worker_env(tmp), stdout=log,
+                             stderr=subprocess.STDOUT)
+        try:
+            p.wait(timeout=180)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    with open(log_path, errors="replace") as f:
+        out = f.read()
+    assert "rank 0: preempting at step 5" in out, out
+    assert "a node leaves at step 5 (last checkpoint committed)" in out, out
+    rc, out2 = fit(tmp, "early", "--workers", 2, "--epochs", 4)
+    assert rc == 0, out2
+    assert "resumed from epoch" not in out2, out2   # nothing reported: None
+    assert "counts_ok=True" in out2, out2
+    assert "checkpoint_step=64" in out2, out2
+
+
 PG = os.path.join(conftest.HERE, "worker_pg.py")
 
 

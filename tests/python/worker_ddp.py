@@ -114,6 +114,8 @@ def train_func(config):
             loss.backward()
             if epoch == config["preempt_after_epoch"] and i == len(loader) - 1:
                 preempt_now(config, ctx)
+            if ctx.get_step() + 1 == config["preempt_at_step"]:
+                preempt_now(config, ctx)
             opt.step()
             steps += 1
             first = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and \
@@ -215,6 +217,8 @@ def main():
     ap.add_argument("--wait-for-replacement", action="store_true")
     ap.add_argument("--preempt-after-epoch", type=int, default=-1)
     ap.add_argument("--log", default="")
+    ap.add_argument("--preempt-at-step", type=int, default=-1,
+                    help="rank 0 preempts its node at this step (as --preempt-after-epoch)")
     ap.add_argument("--stall-at", type=int, default=-1, help="rank 1 stops at this step")
     ap.add_argument("--stall-s", type=float, default=4.0)
     a = ap.parse_args()
@@ -225,7 +229,8 @@ def main():
               "at_the_end": os.path.join(os.path.abspath(a.storage), a.name + ".at-the-end"),
               "wait_for_replacement": a.wait_for_replacement,
               "preempt_after_epoch": a.preempt_after_epoch, "log": os.path.abspath(a.log),
-              "stall_at": a.stall_at, "stall_s": a.stall_s}
+              "stall_at": a.stall_at, "stall_s": a.stall_s,
+              "preempt_at_step": a.preempt_at_step}
     if a.bad_config:
         config["lock"] = __import__("threading").Lock()
     trainer = train.TorchTrainer(

@@ -47,12 +47,33 @@ class Checkpoint:
         return cls(data=data)
 
     def to_dict(self):
-        """The dict reported (read from disk, once, for a checkpoint on disk)."""
+        """The dict reported (read from disk, once, for a checkpoint on disk). That of a
+        node's leaving is the one reported before it ({} when none was)."""
         if self._data is None:
             if self._root is None:
                 raise ValueError("regroup.train: this Checkpoint has neither data nor a path")
-            self._data, _ = read(self._root, self.step)
+            self._data = unwrap(read(self._root, self.step)[0])[0] or {}
         return self._data
+
+
+# A node's last checkpoint at a step that no report() saved (a preemption notice seen at a
+# step boundary): the checkpoint reported before it (or None) and the state at the step
+# (the prepared model's tensors and optimizer), which the session puts back over what the
+# program loads from that checkpoint, as for a replacement.
+_LEAVE_KEY = "__regroup_leave__"
+
+
+def leave_data(reported, tensors, optimizer):
+    """The data of a leaving node's checkpoint (see _LEAVE_KEY)."""
+    return {_LEAVE_KEY: 1, "reported": reported, "tensors": list(tensors),
+            "optimizer": optimizer}
+
+
+def unwrap(data):
+    """(the data reported, (tensors, optimizer state) to put back or None)."""
+    if isinstance(data, dict) and data.get(_LEAVE_KEY) == 1:
+        return data["reported"], (data["tensors"], data["optimizer"])
+    return data, None
 
     def __repr__(self):
         return "Checkpoint(path=%r, step=%r)" % (self.path, self.step)

@@ -239,8 +239,16 @@ class Session:
     def _leave(self, checkpoint, leaving):
         """A node leaves: every rank takes the last checkpoint at the steps done (collective);
         the leaving node's workers then exit 0 (Leave), the others regroup without it."""
-        ck = checkpoint if checkpoint is not None else self.last_checkpoint
-        state = self._checkpoint_state(ck) if ck is not None and checkpoint is None else None
+        state = None
+        if checkpoint is None:
+            # No report at this step: the one before, with the state at this step (the
+            # program's checkpoint format is its own; its model and optimizer are the
+            # session's): a restart puts them back over what the program loads from it.
+            # Before, only the report before was saved, and none at all before the first.
+            prev = self.last_checkpoint.to_dict() if self.last_checkpoint is not None else None
+            state = self._checkpoint_state(_ckpt.Checkpoint.from_dict(_ckpt.leave_data(
+                prev, self.state_tensors(),
+                self.optimizer.state_dict() if self.optimizer is not None else None)))
         try:
             ok = self.ctx.leave(self.done, state=state, cursor=self.cursor)
         except _status.Error as e:
@@ -352,6 +360,9 @@ class Session:
         s, data, extra = got
         self.done = int(extra.get("step", s))
         self._restore_position(extra)
+        data, self.resync = _ckpt.unwrap(data)   # a leaving node's: its state goes back
+        if data is None:
+            return None                          # (no report before it: nothing to load)
         return _ckpt.Checkpoint(data=data, path=_ckpt.step_dir(root, s), step=s, root=root)
 
     def _restore_position(self, extra):
