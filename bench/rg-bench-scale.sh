@@ -31,14 +31,15 @@
 #         rows were held at no step a member is at (fallbacks_to_disk: runs whose regroup said
 #         the rows were held by no member and which resumed from a checkpoint; any other
 #         resume fails the bench), and the pause and steps redone with it.
-#   to_training_s  (loss, preempt) from node b's signal to the step that ends the longest gap
-#                after it: the first the survivors completed at world 2
+#   to_training_s  (loss) from node b's SIGKILL to the step that ends the longest gap after
+#                it: the first the survivors completed at world 2
 # --workload torch (scenarios loss and preempt) runs examples/python/ddp_trainer.py in each
 # agent instead (PyTorch DDP through regroup.train: TorchTrainer, prepare_model, optimizer and
 # loader, Fashion-MNIST; --preload=torch,numpy, so that a restarted worker is forked from an
 # interpreter that imported torch; its --step-log, rank 0's wall time of each step): the run
 # is checked by the last record of its metrics.jsonl (every step of --epochs at world size 2,
-# a test accuracy above 0.8) instead of rg-exact's exact=1.
+# a test accuracy above 0.8) instead of rg-exact's exact=1; the gaps across an epoch's end
+# (its evaluation and report) are no pause.
 # Prints one JSON line per scenario and mode (medians over the repetitions, with min and max)
 # and one per scenario with the per-pair ratio of job times (in-place / restart), then the
 # load averages at its start and end. A run that does not end with exact=1 at the expected
@@ -108,6 +109,8 @@ torch)
     steps_per_epoch=938 ;;  # Fashion-MNIST's 60,000 samples in global batches of 64
 *) echo "$usage" >&2; exit 2 ;;
 esac
+epoch_gap=0   # the torch workload evaluates and reports at each epoch's end: no pause
+[[ "$workload" != torch ]] || epoch_gap=$steps_per_epoch
 # The event must come early enough for the job to go on well past it.
 ((at + 10 < epochs * steps_per_epoch)) ||
     { echo "--at must be well below the job's $((epochs * steps_per_epoch)) steps" >&2; exit 2; }
@@ -325,11 +328,12 @@ for s in $scenarios; do
 done
 
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
-    "$load_start" "$table_rows" "$workload" <<'EOF'
+    "$load_start" "$table_rows" "$workload" "$epoch_gap" <<'EOF'
 import json, os, sys
 from rg_bench_steps import build_meta, pause_redone, read, stats
 out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 meta = build_meta(sys.argv[6], sys.argv[7])
+epoch_steps = int(sys.argv[11])   # the torch workload's: its epoch-end evaluations are no fault
 runs = {}
 for line in open(os.path.join(out, "runs.txt")):
     scen, mode, rep, job_ms, event_ms, frm, fb = line.split()
@@ -344,10 +348,12 @@ def first_at(steps, frm):
     after = [i for i in idx if i > 0 and steps[i - 1][0] >= frm + 1]
     return steps[(after or idx)[0]][1]
 
-def to_training(steps, event_ms):
-    """Seconds from the event to the step that ends the longest gap after it: the first the
-    survivors completed at their new size."""
-    ends = [i for i in range(1, len(steps)) if steps[i][1] > event_ms]
+def to_training(steps, event_ms, epoch_steps):
+    """Seconds from the event to the step that ends the longest gap after it (not counting
+    an epoch's end, as pause_redone): the first the survivors completed at their new size."""
+    ends = [i for i in range(1, len(steps)) if steps[i][1] > event_ms and not (
+        epoch_steps and steps[i - 1][0] % epoch_steps == 0 and
+        steps[i][0] == steps[i - 1][0] + 1)]
     if not ends:
         raise SystemExit("no step completed after the event")
     i = max(ends, key=lambda i: steps[i][1] - steps[i - 1][1])
@@ -364,12 +370,12 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
         for r in range(reps):
             job_s, event_ms, frm, fb = runs[(scen, mode, r)]
             steps = read(os.path.join(out, f"{scen}-{mode}-{r}", "steps.txt"))
-            pause, redone, step_s = pause_redone(steps)
+            pause, redone, step_s = pause_redone(steps, epoch_steps)
             extra = None
             if scen == "join":
                 extra = (first_at(steps, frm) - event_ms) / 1000.0
-            elif scen in ("loss", "preempt"):
-                extra = to_training(steps, event_ms)
+            elif scen == "loss":
+                extra = to_training(steps, event_ms, epoch_steps)
             res.append((pause, redone, step_s, job_s, extra, fb))
             jobs[(mode, r)] = job_s
         line = {"bench": "scale", "scenario": names[scen],
@@ -381,7 +387,7 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
                 "step_s": stats([x[2] for x in res])}
         if scen == "join":
             line["to_world4_s"] = stats([x[4] for x in res])
-        if scen in ("loss", "preempt"):
+        if scen == "loss":
             line["to_training_s"] = stats([x[4] for x in res])
         line["workload"] = sys.argv[10]
         if scen == "copies":

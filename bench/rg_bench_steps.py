@@ -15,16 +15,20 @@ def read(path):
         return [tuple(map(int, line.split())) for line in f if line.strip()]
 
 
-def pause_redone(steps):
+def pause_redone(steps, epoch_steps=0):
     """(pause_s, redone, step_s): the longest gap between two completed steps less the median
-    gap, the steps completed more than once, and the median gap."""
+    gap, the steps completed more than once, and the median gap. With epoch_steps, the gaps
+    from an epoch's last step to the next one's first are left out of the longest (a program
+    that evaluates and reports at each epoch's end pauses there by design)."""
     times = [t for _, t in steps]
     gaps = [(b - a) / 1000.0 for a, b in zip(times, times[1:])]
     if not gaps:
         raise ValueError("a step log of fewer than two steps")
     normal = statistics.median(gaps)
     redone = len(steps) - len({s for s, _ in steps})
-    return max(gaps) - normal, redone, normal
+    faults = [g for g, (a, b) in zip(gaps, zip(steps, steps[1:]))
+              if not (epoch_steps and a[0] % epoch_steps == 0 and b[0] == a[0] + 1)]
+    return max(faults or gaps) - normal, redone, normal
 
 
 def stats(xs):
