@@ -285,18 +285,14 @@ def test_preemption_loses_no_step(tmp):
     assert "checkpoint_step=640" in out2, out2
 
 
-@pytest.mark.training
-def test_preemption_at_an_epochs_last_step(tmp):
-    """The notice seen at the boundary of an epoch's last step, before that epoch's report:
-    the workers leave at the report, with the epoch's own checkpoint (not the previous
-    epoch's values at this epoch's end), and the program run again goes on with the next
-    epoch: every count exact."""
+def preempted_run(tmp, name, *args):
+    """The DDP program on 2 workers for 4 epochs, with args that make it preempt its own
+    node (its rank 0 watches the output, in a file, for the notice): that output."""
     log_path = os.path.join(tmp, "first.log")
     with open(log_path, "wb") as log:
-        p = subprocess.Popen([PYTHON, DDP, "--storage", tmp, "--name", "end", "--workers", "2",
-                              "--epochs", "4", "--preempt-after-epoch", "1", "--log",
-                              log_path], env=worker_env(tmp), stdout=log,
-                             stderr=subprocess.STDOUT)
+        p = subprocess.Popen([PYTHON, DDP, "--storage", tmp, "--name", name, "--workers", "2",
+                              "--epochs", "4", "--log", log_path] + [str(a) for a in args],
+                             env=worker_env(tmp), stdout=log, stderr=subprocess.STDOUT)
         try:
             p.wait(timeout=180)
         finally:
@@ -304,7 +300,16 @@ def test_preemption_at_an_epochs_last_step(tmp):
                 p.kill()
                 p.wait()
     with open(log_path, errors="replace") as f:
-        out = f.read()
+        return f.read()
+
+
+@pytest.mark.training
+def test_preemption_at_an_epochs_last_step(tmp):
+    """The notice seen at the boundary of an epoch's last step, before that epoch's report:
+    the workers leave at the report, with the epoch's own checkpoint (not the previous
+    epoch's values at this epoch's end), and the program run again goes on with the next
+    epoch: every count exact."""
+    out = preempted_run(tmp, "end", "--preempt-after-epoch", 1)
     assert "rank 0: preempting at step 32" in out, out   # 16 steps an epoch
     assert "a node leaves at step 32 (last checkpoint committed)" in out, out
     rc, out2 = fit(tmp, "end", "--workers", 2, "--epochs", 4)
@@ -322,20 +327,7 @@ def test_preemption_before_the_first_report(tmp):
     puts the state back at the loader's first iteration): every count exact, no step lost.
     Before, no last checkpoint was taken ("step 5 is not being saved and no state was
     given") and the program run again started from the beginning."""
-    log_path = os.path.join(tmp, "first.log")
-    with open(log_path, "wb") as log:
-        p = subprocess.Popen([PYTHON, DDP, "--storage", tmp, "--name", "early", "--workers",
-                              "2", "--epochs", "4", "--preempt-at-step", "5", "--log",
-                              log_path], env=worker_env(tmp), stdout=log,
-                             stderr=subprocess.STDOUT)
-        try:
-            p.wait(timeout=180)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    with open(log_path, errors="replace") as f:
-        out = f.read()
+    out = preempted_run(tmp, "early", "--preempt-at-step", 5)
     assert "rank 0: preempting at step 5" in out, out
     assert "a node leaves at step 5 (last checkpoint committed)" in out, out
     rc, out2 = fit(tmp, "early", "--workers", 2, "--epochs", 4)
