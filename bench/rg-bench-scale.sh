@@ -33,6 +33,8 @@
 #         resume fails the bench), and the pause and steps redone with it.
 #   to_training_s  (loss) from node b's SIGKILL to the step that ends the longest gap after
 #                it: the first the survivors completed at world 2
+# --workload torch --scenario loss has a third side, interleaved with the two: torchrun + DDP
+# on gloo (see run_loss_torchrun), what a PyTorch user has today.
 # --workload torch (scenarios loss and preempt) runs examples/python/ddp_trainer.py in each
 # agent instead (PyTorch DDP through regroup.train: TorchTrainer, prepare_model, optimizer and
 # loader, Fashion-MNIST; --preload=torch,numpy, so that a restarted worker is forked from an
@@ -287,6 +289,69 @@ run_loss() { # $1 = mode (restart|in-place|copies-1|copies-2), $2 = repetition; 
     echo "$scen $1 $2 $((t1 - t0)) $tk -1 $fb" >>"$out/runs.txt"
 }
 
+# The reference of --workload torch --scenario loss: what a torchrun user has. Two torchrun
+# agents (c10d rendezvous on a free loopback port, hosted by node a's; --nnodes=1:2, last
+# call 1 s, --max_restarts=3) of 2 workers each running bench/rg_bench_fmnist_ddp.py on gloo
+# (b started once a hosts the store; the same model, data, optimizer and global batch; rank 0
+# torch.save()s every 200 steps,
+# as ddp_trainer.py reports every epoch), and at step --at node b lost: its agent and
+# workers SIGKILLed together (torchrun's workers do not die with their agent). Node a's
+# agent restarts its workers, which resume from the last torch.save at world 2.
+torchrun_node() { # $1 = run directory, $2 = node name, $3 = rendezvous port
+    "$python" -m torch.distributed.run --nnodes=1:2 --nproc_per_node=2 --rdzv_backend=c10d \
+        --rdzv_endpoint="127.0.0.1:$3" --rdzv_id=bench --rdzv_conf=last_call_timeout=1 \
+        --max_restarts=3 --redirects 2 --tee 2 --log_dir "$1/logs-$2" \
+        "$here/rg_bench_fmnist_ddp.py" --backend gloo --ckpt-dir "$1/ckpt" \
+        --epochs "$epochs" --ckpt-every 200 --log-every 100 --schedule constant \
+        --step-log "$1/steps.txt" >"$1/$2.log" 2>&1 &
+    pids+=($!)
+}
+
+# Whether something listens on 127.0.0.1:$1.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The pids of process $1 and all its descendants.
+tree_pids() {
+    local p=$1 c
+    echo "$p"
+    for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do tree_pids "$c"; done
+}
+
+run_loss_torchrun() { # $1 = repetition
+    local d="$out/loss-torchrun-$1" port t0 tk t1 a b rca line
+    mkdir -p "$d/ckpt"
+    port=$(free_port)
+    t0=$(now_ms)
+    torchrun_node "$d" a "$port"; a=$!
+    # b once a's agent hosts the rendezvous' store: the node that stays (whichever agent binds
+    # the port first hosts it, and the job cannot outlive its host)
+    local why=0
+    rg_bench_poll 30000 "$a" port_open "$port" || why=$?
+    ((why == 0)) || { show "$d/a.log"; fail "$d: node a's torchrun hosts no store within 30 s"; }
+    torchrun_node "$d" b "$port"; b=$!
+    # With a last call of 1 s, a often starts alone and torchrun takes b in with a restart:
+    # the kill comes once rank 0 has logged steps at world 4 (every 100), and --at steps.
+    wait_steps "$d" "$at" "$a"
+    why=0
+    rg_bench_poll 120000 "$a" grep -aq " world=4$" "$d/a.log" "$d/b.log" || why=$?
+    ((why == 0)) || { show "$d"/[ab].log; fail "$d: the job did not train at world 4"; }
+    local victims
+    victims=$(tree_pids "$b")
+    tk=$(now_ms)
+    # shellcheck disable=SC2086 # one pid a word
+    kill -KILL $victims 2>/dev/null || true
+    wait_agent "$b" 2>/dev/null
+    wait_agent "$a"; rca=$rc
+    t1=$(now_ms)
+    pids=()
+    [[ "$rca" == 0 ]] || { show "$d"/[ab].log; fail "$d: node a's torchrun exited $rca"; }
+    line=$(grep -a '^test_accuracy=' "$d/a.log" || true)
+    grep -aq "^world=2 samples_per_s=" "$d/a.log" && [[ "$(grep -c . <<<"$line")" == 1 ]] &&
+        "$python" -c "import sys; sys.exit(float(sys.argv[1]) <= 0.8)" "${line#*=}" ||
+        { show "$d/a.log"; fail "$d: node a did not finish at world 2 above 0.8 accuracy"; }
+    echo "loss torchrun $1 $((t1 - t0)) $tk -1 0" >>"$out/runs.txt"
+}
+
 run_copies() { run_loss "$1" "$2"; }
 
 run_preempt() { run_loss "$1" "$2" TERM; }
@@ -321,9 +386,14 @@ run_kill() { # $1 = mode (restart|in-place), $2 = repetition
 for s in $scenarios; do
     m1=restart m2=in-place
     [[ "$s" != copies ]] || m1=copies-1 m2=copies-2
+    ref=0   # the torch workload's node loss has torchrun's as a third side
+    [[ "$workload" != torch || "$s" != loss ]] || ref=1
     for ((r = 0; r < reps; r++)); do
         if ((r % 2 == 0)); then "run_$s" "$m1" "$r"; "run_$s" "$m2" "$r"
-        else "run_$s" "$m2" "$r"; "run_$s" "$m1" "$r"; fi
+            ((ref == 0)) || run_loss_torchrun "$r"
+        else
+            ((ref == 0)) || run_loss_torchrun "$r"
+            "run_$s" "$m2" "$r"; "run_$s" "$m1" "$r"; fi
     done
 done
 
@@ -365,6 +435,8 @@ order = ["join", "loss", "kill", "preempt", "copies"]
 for scen in sorted({k[0] for k in runs}, key=order.index):
     jobs = {}
     modes = ("copies-1", "copies-2") if scen == "copies" else ("restart", "in-place")
+    if ("loss", "torchrun", 0) in runs:
+        modes += ("torchrun",)
     for mode in modes:
         res = []
         for r in range(reps):
@@ -396,9 +468,12 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
         line["job_s"] = stats([x[3] for x in res])
         print(json.dumps({**line, **meta}))
     ratios = [jobs[(modes[1], r)] / jobs[(modes[0], r)] for r in range(reps)]
-    key = "job_time_ratio_" + "_over_".join(m.replace("-", "_") for m in modes[::-1])
-    print(json.dumps({"bench": "scale", "scenario": names[scen],
-                      key: stats(ratios), "reps": reps, **meta}))
+    key = "job_time_ratio_" + "_over_".join(m.replace("-", "_") for m in modes[1::-1])
+    line = {"bench": "scale", "scenario": names[scen], key: stats(ratios), "reps": reps}
+    if "torchrun" in modes:
+        line["job_time_ratio_in_place_over_torchrun"] = stats(
+            [jobs[("in-place", r)] / jobs[("torchrun", r)] for r in range(reps)])
+    print(json.dumps({**line, **meta}))
 print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
                   "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
 EOF

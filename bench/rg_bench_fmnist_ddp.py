@@ -72,6 +72,9 @@ def main():
     ap.add_argument("--ckpt-dir", default=os.environ.get("RG_BENCH_CKPT_DIR"))
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--step-log", default=None,
+                    help="rank 0 appends \"STEP MS\" here for each step it completes (the "
+                    "global step, the wall clock in ms), as ddp_trainer.py --step-log")
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300, help="the process group's, seconds")
@@ -138,6 +141,9 @@ def main():
             loss.backward()            # DDP: the gradients' allreduce, averaged
             opt.step()
             done += 1
+            if a.step_log and rank == 0:
+                with open(a.step_log, "a") as f:
+                    f.write("%d %d\n" % (done, time.time_ns() // 1000000))
             count = len(y) * world     # every rank's share is the same size
             win += torch.tensor([loss.item() * len(y), float(len(y))])
             win_samples += count
