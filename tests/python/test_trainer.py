@@ -285,6 +285,17 @@ def test_preemption_loses_no_step(tmp):
     assert "checkpoint_step=640" in out2, out2
 
 
+def test_checkpoint_repr_and_a_leaving_nodes_data():
+    """Checkpoint's repr names its path and step (it was lost once, to a helper written into
+    the class); a leaving node's checkpoint data unwraps into the report before it and the
+    state to put back, and any other data is the report itself."""
+    from regroup.train import _ckpt
+    assert repr(_ckpt.Checkpoint(path="p", step=3)) == "Checkpoint(path='p', step=3)"
+    d = _ckpt.leave_data({"epoch": 1}, ["t"], {"state": {}})
+    assert _ckpt.unwrap(d) == ({"epoch": 1}, (["t"], {"state": {}}))
+    assert _ckpt.unwrap({"epoch": 1}) == ({"epoch": 1}, None)
+
+
 def preempted_run(tmp, name, *args):
     """The DDP program on 2 workers for 4 epochs, with args that make it preempt its own
     node (its rank 0 watches the output, in a file, for the notice): that output."""

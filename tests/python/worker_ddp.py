@@ -167,14 +167,15 @@ def stall(seconds):
     """Stops this worker (SIGSTOP) for `seconds`: a child process continues it (SIGCONT)
     then. The stall is the fault; the child's wait is its length."""
     print("rank 1: stopping myself for %g s" % seconds, flush=True)
-    if os.fork() == 0:
+    child = os.fork()
+    if child == 0:
         try:
             time.sleep(seconds)
             os.kill(os.getppid(), signal.SIGCONT)
         finally:
             os._exit(0)
     os.kill(os.getpid(), signal.SIGSTOP)
-    os.wait()
+    os.waitpid(child, 0)
     print("rank 1: continued", flush=True)
 
 

@@ -55,6 +55,9 @@ class Checkpoint:
             self._data = unwrap(read(self._root, self.step)[0])[0] or {}
         return self._data
 
+    def __repr__(self):
+        return "Checkpoint(path=%r, step=%r)" % (self.path, self.step)
+
 
 # A node's last checkpoint at a step that no report() saved (a preemption notice seen at a
 # step boundary): the checkpoint reported before it (or None) and the state at the step
@@ -74,9 +77,6 @@ def unwrap(data):
     if isinstance(data, dict) and data.get(_LEAVE_KEY) == 1:
         return data["reported"], (data["tensors"], data["optimizer"])
     return data, None
-
-    def __repr__(self):
-        return "Checkpoint(path=%r, step=%r)" % (self.path, self.step)
 
 
 def _torch():
