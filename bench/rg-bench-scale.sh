@@ -171,8 +171,8 @@ agent() {
                 --step-log "$d/steps.txt" "$@")
     local pre=()
     if [[ "$workload" == torch ]]; then
-        # the data set decompressed once per run (a restarted worker reads it from there)
         pre=(--preload=torch,numpy)
+        # (--data-cache: the data set decompressed once a run, a restarted worker reads it)
         prog=("$python" "$here/../examples/python/ddp_trainer.py" --workers 4
               --epochs "$epochs" --recovery "$mode" --storage "$d" --name run
               --data-cache "$d/data" --step-log "$d/steps.txt" "$@")
@@ -293,10 +293,10 @@ run_loss() { # $1 = mode (restart|in-place|copies-1|copies-2), $2 = repetition; 
 # agents (c10d rendezvous on a free loopback port, hosted by node a's; --nnodes=1:2, last
 # call 1 s, --max_restarts=3) of 2 workers each running bench/rg_bench_fmnist_ddp.py on gloo
 # (b started once a hosts the store; the same model, data, optimizer and global batch; rank 0
-# torch.save()s every 200 steps,
-# as ddp_trainer.py reports every epoch), and at step --at node b lost: its agent and
-# workers SIGKILLed together (torchrun's workers do not die with their agent). Node a's
-# agent restarts its workers, which resume from the last torch.save at world 2.
+# torch.save()s every 200 steps, as ddp_trainer.py reports every epoch), and at step --at
+# node b lost: its agent and workers SIGKILLed together (torchrun's workers do not die with
+# their agent). Node a's agent restarts its workers, which resume from the last torch.save
+# at world 2.
 torchrun_node() { # $1 = run directory, $2 = node name, $3 = rendezvous port
     "$python" -m torch.distributed.run --nnodes=1:2 --nproc_per_node=2 --rdzv_backend=c10d \
         --rdzv_endpoint="127.0.0.1:$3" --rdzv_id=bench --rdzv_conf=last_call_timeout=1 \
@@ -400,7 +400,7 @@ done
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$work" "$epochs" "$at" "$here/.." "$build" \
     "$load_start" "$table_rows" "$workload" "$epoch_gap" <<'EOF'
 import json, os, sys
-from rg_bench_steps import build_meta, pause_redone, read, stats
+from rg_bench_steps import build_meta, fault_ends, pause_redone, read, stats
 out, reps, work, epochs, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 meta = build_meta(sys.argv[6], sys.argv[7])
 epoch_steps = int(sys.argv[11])   # the torch workload's: its epoch-end evaluations are no fault
@@ -421,9 +421,7 @@ def first_at(steps, frm):
 def to_training(steps, event_ms, epoch_steps):
     """Seconds from the event to the step that ends the longest gap after it (not counting
     an epoch's end, as pause_redone): the first the survivors completed at their new size."""
-    ends = [i for i in range(1, len(steps)) if steps[i][1] > event_ms and not (
-        epoch_steps and steps[i - 1][0] % epoch_steps == 0 and
-        steps[i][0] == steps[i - 1][0] + 1)]
+    ends = [i for i in fault_ends(steps, epoch_steps) if steps[i][1] > event_ms]
     if not ends:
         raise SystemExit("no step completed after the event")
     i = max(ends, key=lambda i: steps[i][1] - steps[i - 1][1])
@@ -435,7 +433,7 @@ order = ["join", "loss", "kill", "preempt", "copies"]
 for scen in sorted({k[0] for k in runs}, key=order.index):
     jobs = {}
     modes = ("copies-1", "copies-2") if scen == "copies" else ("restart", "in-place")
-    if ("loss", "torchrun", 0) in runs:
+    if scen == "loss" and ("loss", "torchrun", 0) in runs:
         modes += ("torchrun",)
     for mode in modes:
         res = []

@@ -119,6 +119,7 @@ def main():
     if path is not None and rank == 0:
         print("resumed from checkpoint step %d (epoch %d) at world size %d, restart %d"
               % (done, epoch, world, restart), flush=True)
+    step_log = open(a.step_log, "a", buffering=1) if a.step_log and rank == 0 else None
     t_start = time.monotonic()
     win_t, win_samples, samples_here = t_start, 0, 0
     win = torch.zeros(2)
@@ -141,9 +142,8 @@ def main():
             loss.backward()            # DDP: the gradients' allreduce, averaged
             opt.step()
             done += 1
-            if a.step_log and rank == 0:
-                with open(a.step_log, "a") as f:
-                    f.write("%d %d\n" % (done, time.time_ns() // 1000000))
+            if step_log:
+                step_log.write("%d %d\n" % (done, time.time_ns() // 1000000))
             count = len(y) * world     # every rank's share is the same size
             win += torch.tensor([loss.item() * len(y), float(len(y))])
             win_samples += count

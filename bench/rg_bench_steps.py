@@ -26,9 +26,16 @@ def pause_redone(steps, epoch_steps=0):
         raise ValueError("a step log of fewer than two steps")
     normal = statistics.median(gaps)
     redone = len(steps) - len({s for s, _ in steps})
-    faults = [g for g, (a, b) in zip(gaps, zip(steps, steps[1:]))
-              if not (epoch_steps and a[0] % epoch_steps == 0 and b[0] == a[0] + 1)]
+    faults = [gaps[i - 1] for i in fault_ends(steps, epoch_steps)]
     return max(faults or gaps) - normal, redone, normal
+
+
+def fault_ends(steps, epoch_steps=0):
+    """The indices i >= 1 of the steps whose gap from the one before may be a fault's: all,
+    less (with epoch_steps) those that go on from an epoch's last step to the next one's."""
+    return [i for i in range(1, len(steps)) if not (
+        epoch_steps and steps[i - 1][0] % epoch_steps == 0 and
+        steps[i][0] == steps[i - 1][0] + 1)]
 
 
 def stats(xs):

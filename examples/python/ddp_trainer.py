@@ -56,6 +56,7 @@ def train_func(config):
         start = d["epoch"] + 1
     steps = 0
     t0, trained = time.monotonic(), 0
+    step_log = open(config["step_log"], "a", buffering=1) if config["step_log"] else None
     for epoch in range(start, config["epochs"]):
         for xb, yb in loader:
             opt.zero_grad()
@@ -65,9 +66,8 @@ def train_func(config):
             opt.step()   # (in place, a step a failure broke is discarded: not counted)
             steps += 1
             trained += loader.global_count
-            if config["step_log"] and ctx.get_world_rank() == 0 and ctx.get_step() > before:
-                with open(config["step_log"], "a") as f:
-                    f.write("%d %d\n" % (ctx.get_step(), time.time_ns() // 1000000))
+            if step_log and ctx.get_world_rank() == 0 and ctx.get_step() > before:
+                step_log.write("%d %d\n" % (ctx.get_step(), time.time_ns() // 1000000))
             if steps == config["kill_at"] and ctx.get_world_rank() == config["kill_rank"] and \
                     ctx.get_round() == 0 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
                 print("rank %d: killing myself at step %d" % (ctx.get_world_rank(), steps),
