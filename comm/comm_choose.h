@@ -72,4 +72,8 @@ const char *rg__comm_algo_name(comm_algo_t algo);
  * set-up collectives included). An internal accessor for tests; 0 for a NULL group. */
 uint64_t rg__comm_algo_count(const rg_comm_t *comm, comm_coll_t coll, comm_algo_t algo);
 
+/* Whether the group took its UCX context and worker from rg_comm_params_t.spare (and did not
+ * make its own). An internal accessor for tests, as the one above; false for NULL. */
+bool rg__comm_from_spare(const rg_comm_t *comm);
+
 #endif

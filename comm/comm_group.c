@@ -52,17 +52,21 @@ static rg_status_t comm_env_size(const char *name, size_t def, size_t min, size_
     return RG_OK;
 }
 
-rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **comm_p)
+rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_spare_t *spare,
+                           rg_deadline_t deadline, rg_comm_t **comm_p)
 {
     if (size < 1 || size > RG_COMM_MAX_SIZE || rank < 0 || rank >= size) {
+        rg_comm_spare_destroy(spare);
         return rg_error(RG_EINVAL, "rank %d of size %d: out of range (size 1..%d)", rank, size,
                         RG_COMM_MAX_SIZE);
     }
     if (timeout_ms < 0) {
+        rg_comm_spare_destroy(spare);
         return rg_error(RG_EINVAL, "negative operation timeout %lld ms", (long long)timeout_ms);
     }
     rg_comm_t *comm = calloc(1, sizeof(*comm));
     if (comm == NULL) {
+        rg_comm_spare_destroy(spare);
         return rg_error(RG_ENOMEM, "out of memory for a group of %d", size);
     }
     comm->rank = rank;
@@ -91,6 +95,7 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     }
     if (st != RG_OK) {
         free(comm);
+        rg_comm_spare_destroy(spare);
         return st;
     }
     comm->eps = calloc((size_t)size, sizeof(*comm->eps));
@@ -102,13 +107,14 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **c
     if (comm->eps == NULL || comm->peers == NULL || comm->peer_dead == NULL ||
         comm->peer_left == NULL || comm->peer_status == NULL || comm->scratch_reqs == NULL) {
         rg_comm_destroy(comm);
+        rg_comm_spare_destroy(spare);
         return rg_error(RG_ENOMEM, "out of memory for a group of %d", size);
     }
     for (int p = 0; p < size; p++) {
         comm->peers[p].comm = comm;
         comm->peers[p].rank = p;
     }
-    st = comm_ucx_open(comm);
+    st = comm_ucx_open(comm, spare, deadline);
     if (st != RG_OK) {
         rg_comm_destroy(comm);
         return st;

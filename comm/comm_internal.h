@@ -126,6 +126,7 @@ struct rg_comm {
     ucp_context_h ctx;
     ucp_worker_h  worker;
     bool          ucx_cuda;     /* UCX lists CUDA among its memory types */
+    bool          from_spare;   /* ctx and worker came from rg_comm_params_t.spare */
     ucp_ep_h     *eps;          /* [size]; eps[rank] NULL */
     comm_peer_t  *peers;        /* error callback arguments */
     bool         *peer_dead;    /* error callback seen */
@@ -136,6 +137,8 @@ struct rg_comm {
     int           n_left;
     int           n_hello;      /* hello messages seen while connecting */
     uint32_t      attempt;      /* the wire-up's try at its prefix (comm_wireup.c) */
+    int64_t       wire_ns[4];   /* the wire-up's phases: UCX, addresses, connect, local */
+    int           wire_reads;   /* reads of the prefix until every address was there */
     void        **scratch_reqs; /* [size] for control sends and closes */
     uint64_t      ctrl_out[2];
     void        **grave;        /* buffers of failed requests, freed after the worker */
@@ -171,8 +174,18 @@ struct rg_comm {
 
 /* ---- comm_group.c ---------------------------------------------------------------------- */
 
-/* Allocates a group and opens its UCX worker (not yet connected). */
-rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_t **comm_p);
+/* Allocates a group and opens its UCX worker (not yet connected): the spare's, if any
+ * (taken over either way; comm_ucx_open). */
+rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_spare_t *spare,
+                           rg_deadline_t deadline, rg_comm_t **comm_p);
+
+/* ---- comm_spare.c ---------------------------------------------------------------------- */
+
+/* Takes the spare's context and worker once its thread ended, waiting for that until the
+ * deadline; false (the spare released, or left to its thread) when it is NULL, failed, not
+ * ready in time or made for fewer than `size` ranks. */
+bool        comm_spare_take(rg_comm_spare_t *spare, int size, rg_deadline_t deadline,
+                            ucp_context_h *ctx_p, ucp_worker_h *worker_p, bool *cuda_p);
 /* Once the group knows whether any host runs more of its ranks than it has cores (the same
  * answer on every rank): settles the defaults that depend on it (called by comm_shm.c). */
 void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
@@ -186,8 +199,17 @@ void        comm_tune(rg_comm_t *comm, bool any_oversubscribed);
 
 /* Whether UCX_TLS allows shared memory (unset: yes). */
 bool        comm_tls_has_mm(void);
-/* Makes the context and worker; *addr_p (free with comm_ucx_release_address) is published. */
-rg_status_t comm_ucx_open(rg_comm_t *comm);
+/* UCX_KEEPALIVE_NUM_EPS (the endpoints keepalive checks per round): the size, at least this */
+#define COMM_KEEPALIVE_MIN_EPS 128
+
+/* A context and worker for a group of at most max(size, COMM_KEEPALIVE_MIN_EPS) ranks;
+ * comm_ucx_unmake releases them (either may be NULL). */
+rg_status_t comm_ucx_make(int size, ucp_context_h *ctx_p, ucp_worker_h *worker_p,
+                          bool *cuda_p);
+void        comm_ucx_unmake(ucp_context_h ctx, ucp_worker_h worker);
+/* The group's context and worker: the spare's (taken over either way) when it is ready by
+ * the deadline and made for this size, else new ones. */
+rg_status_t comm_ucx_open(rg_comm_t *comm, rg_comm_spare_t *spare, rg_deadline_t deadline);
 rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p);
 void        comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr);
 /* Asked while the handshake waits for hellos (every COMM_WIRE_WATCH_NS): anything but

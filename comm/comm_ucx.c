@@ -69,25 +69,28 @@ static void comm_ucx_config_defaults(ucp_config_t *config, int size)
     }
     if (getenv("UCX_KEEPALIVE_NUM_EPS") == NULL) {
         char v[32];
-        snprintf(v, sizeof(v), "%d", RG_MAX(size, 128));
+        snprintf(v, sizeof(v), "%d", RG_MAX(size, COMM_KEEPALIVE_MIN_EPS));
         (void)ucp_config_modify(config, "KEEPALIVE_NUM_EPS", v);
     }
 }
 
-rg_status_t comm_ucx_open(rg_comm_t *comm)
+rg_status_t comm_ucx_make(int size, ucp_context_h *ctx_p, ucp_worker_h *worker_p,
+                          bool *cuda_p)
 {
     ucp_config_t *config = NULL;
+    ucp_context_h ctx = NULL;
+    ucp_worker_h worker = NULL;
     ucs_status_t st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
         return rg_error(RG_EINVAL, "ucp_config_read: %s", ucs_status_string(st));
     }
-    comm_ucx_config_defaults(config, comm->size);
+    comm_ucx_config_defaults(config, size);
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS,
         .features = UCP_FEATURE_TAG,
-        .estimated_num_eps = (size_t)comm->size,
+        .estimated_num_eps = (size_t)size,
     };
-    st = ucp_init(&params, config, &comm->ctx);
+    st = ucp_init(&params, config, &ctx);
     ucp_config_release(config);
     if (st != UCS_OK) {
         return rg_error(RG_EUNREACH, "ucp_init: %s", ucs_status_string(st));
@@ -96,17 +99,38 @@ rg_status_t comm_ucx_open(rg_comm_t *comm)
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE,
     };
-    st = ucp_worker_create(comm->ctx, &wparams, &comm->worker);
+    st = ucp_worker_create(ctx, &wparams, &worker);
     if (st != UCS_OK) {
-        ucp_cleanup(comm->ctx);
-        comm->ctx = NULL;
+        ucp_cleanup(ctx);
         return rg_error(RG_EUNREACH, "ucp_worker_create: %s", ucs_status_string(st));
     }
     /* Whether this UCX can move device memory (a build without its CUDA module cannot). */
     ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
-    comm->ucx_cuda = ucp_context_query(comm->ctx, &attr) == UCS_OK &&
-                     (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    *cuda_p = ucp_context_query(ctx, &attr) == UCS_OK &&
+              (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    *ctx_p = ctx;
+    *worker_p = worker;
     return RG_OK;
+}
+
+void comm_ucx_unmake(ucp_context_h ctx, ucp_worker_h worker)
+{
+    if (worker != NULL) {
+        ucp_worker_destroy(worker);
+    }
+    if (ctx != NULL) {
+        ucp_cleanup(ctx);
+    }
+}
+
+rg_status_t comm_ucx_open(rg_comm_t *comm, rg_comm_spare_t *spare, rg_deadline_t deadline)
+{
+    comm->from_spare = comm_spare_take(spare, comm->size, deadline, &comm->ctx,
+                                       &comm->worker, &comm->ucx_cuda);
+    if (comm->from_spare) {
+        return RG_OK;
+    }
+    return comm_ucx_make(comm->size, &comm->ctx, &comm->worker, &comm->ucx_cuda);
 }
 
 rg_status_t comm_ucx_address(rg_comm_t *comm, ucp_address_t **addr_p, size_t *len_p)

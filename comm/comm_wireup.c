@@ -429,6 +429,7 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
     int64_t backoff_ms = 1;
     int64_t revision = 0;
     while (st == RG_OK) {
+        comm->wire_reads++;
         st = comm_read_addresses(comm, etcd, prefix, deadline, addrs, lens, &n_found,
                                  &revision);
         if (st != RG_INPROGRESS && !(st == RG_ETIMEDOUT && rg_deadline_passed(deadline))) {
@@ -450,12 +451,14 @@ static rg_status_t comm_exchange(rg_comm_t *comm, rg_etcd_t *etcd, const char *p
         backoff_ms = RG_MIN(backoff_ms * 2, 20);
         st = RG_OK;
     }
+    int64_t t_read = rg_now_ns();
     if (st == RG_OK) {
         comm_wire_watch_arg_t warg = {.comm = comm, .etcd = etcd, .prefix = prefix,
                                       .since = revision};
         comm_wire_watch_t watch = {.check = comm_wire_watch, .arg = &warg};
         st = comm_ucx_connect(comm, addrs, lens, deadline, &watch);
     }
+    comm->wire_ns[2] = rg_now_ns() - t_read;
     if (st != RG_OK && published && st != RG_EINVAL && st != RG_EPROTO) {
         /* The peers still at this attempt give it up too (another error is the one to
          * report; a withdrawal that fails leaves an address of a worker that is gone, which
@@ -481,27 +484,35 @@ out:
 rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
 {
     if (params == NULL || comm_p == NULL) {
+        rg_comm_spare_destroy(params != NULL ? params->spare : NULL);
         return rg_error(RG_EINVAL, "rg_comm_create: NULL params or result pointer");
     }
+    rg_status_t bad = RG_OK;
     if (params->key_prefix == NULL || params->key_prefix[0] == '\0' ||
         strlen(params->key_prefix) > COMM_MAX_PREFIX) {
-        return rg_error(RG_EINVAL, "rg_comm_create: key_prefix must have 1..%d characters",
-                        COMM_MAX_PREFIX);
+        bad = rg_error(RG_EINVAL, "rg_comm_create: key_prefix must have 1..%d characters",
+                       COMM_MAX_PREFIX);
+    } else if (params->etcd == NULL && params->etcd_params == NULL &&
+               (params->etcd_endpoints == NULL || params->etcd_endpoints[0] == '\0')) {
+        bad = rg_error(RG_EINVAL, "rg_comm_create: neither an etcd client nor endpoints");
+    } else if (params->create_timeout_ms < 0) {
+        bad = rg_error(RG_EINVAL, "rg_comm_create: negative create_timeout_ms");
     }
-    if (params->etcd == NULL && params->etcd_params == NULL &&
-        (params->etcd_endpoints == NULL || params->etcd_endpoints[0] == '\0')) {
-        return rg_error(RG_EINVAL, "rg_comm_create: neither an etcd client nor endpoints");
-    }
-    if (params->create_timeout_ms < 0) {
-        return rg_error(RG_EINVAL, "rg_comm_create: negative create_timeout_ms");
+    if (bad != RG_OK) {
+        rg_comm_spare_destroy(params->spare);   /* (sets no error) */
+        return bad;
     }
     rg_deadline_t deadline = rg_deadline_in_ms(
         params->create_timeout_ms ? params->create_timeout_ms : COMM_DEFAULT_CREATE_MS);
     rg_comm_t *comm = NULL;
-    rg_status_t st = comm_group_new(params->rank, params->size, params->timeout_ms, &comm);
+    int64_t t0 = rg_now_ns();
+    rg_status_t st = comm_group_new(params->rank, params->size, params->timeout_ms,
+                                    params->spare, deadline, &comm);
     if (st != RG_OK) {
         return st;
     }
+    int64_t t1 = rg_now_ns();
+    comm->wire_ns[0] = t1 - t0;
     comm->abandon = params->abandon;
     comm->abandon_arg = params->abandon_arg;
     rg_etcd_t *etcd = params->etcd;
@@ -519,11 +530,19 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     if (st != RG_OK) {
         goto err_destroy;
     }
+    comm->wire_ns[1] = rg_now_ns() - t1 - comm->wire_ns[2];
+    int64_t t2 = rg_now_ns();
     st = comm_local_setup(comm, deadline);
     if (st != RG_OK) {
         goto err_destroy;
     }
+    comm->wire_ns[3] = rg_now_ns() - t2;
     rg_info("group of %d connected under %s", comm->size, params->key_prefix);
+    rg_debug("group of %d wired in %.1f ms: UCX context and worker %.1f, addresses %.1f "
+             "(%d reads), endpoints and hellos %.1f, shared memory %.1f",
+             comm->size, (double)(rg_now_ns() - t0) / 1e6, (double)comm->wire_ns[0] / 1e6,
+             (double)comm->wire_ns[1] / 1e6, comm->wire_reads, (double)comm->wire_ns[2] / 1e6,
+             (double)comm->wire_ns[3] / 1e6);
     *comm_p = comm;
     return RG_OK;
 

@@ -76,6 +76,13 @@ static int child_main(int rank, int n, comm_test_fn fn, void *arg, const comm_te
         .timeout_ms = o->op_timeout_ms ? o->op_timeout_ms : 20000,
         .create_timeout_ms = 20000,
     };
+    if (o->spare) {
+        rg_status_t sst = rg_comm_spare_start(n, true, &params.spare);
+        if (sst != RG_OK) {
+            fprintf(stderr, "rank %d: rg_comm_spare_start: %s\n", rank, rg_last_error());
+            return 90;
+        }
+    }
     rg_comm_t *comm = NULL;
     double t0 = now_s();
     rg_status_t st = rg_comm_create(&params, &comm);

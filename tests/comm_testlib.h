@@ -54,6 +54,8 @@ typedef struct {
                                  others are done; -1 = none */
     int         hold_count;   /* > 0: a child whose fn returned waits (its group destroyed)
                                  until hold_count children have returned, then exits */
+    bool        spare;        /* each child makes its UCX worker first, in the background
+                                 (rg_comm_spare_start), and gives it to rg_comm_create */
 } comm_test_opts_t;
 
 /* Starts the test etcd (once per process) and returns its endpoints, or NULL. */

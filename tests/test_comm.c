@@ -672,6 +672,37 @@ START_TEST(test_large_ops_tcp_4)
 }
 END_TEST
 
+/* A group made from a spare UCX worker (rg_comm_spare_start, in the background): it took the
+ * spare's worker, and its collectives are exact. */
+static int spare_group(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    (void)arg;
+    if (!rg__comm_from_spare(comm)) {
+        FAIL("the group made its own UCX worker: the spare was not used");
+    }
+    double v[64];
+    for (size_t i = 0; i < RG_ARRAY_SIZE(v); i++) {
+        v[i] = (double)(rank + 1) * (double)i;
+    }
+    CHECK_RG(rg_comm_allreduce(comm, RG_COMM_IN_PLACE, v, RG_ARRAY_SIZE(v), RG_DTYPE_F64,
+                               RG_OP_SUM, NULL));
+    for (size_t i = 0; i < RG_ARRAY_SIZE(v); i++) {
+        if (v[i] != (double)(size * (size + 1) / 2) * (double)i) {
+            FAIL("element %zu: %g", i, v[i]);
+        }
+    }
+    return 0;
+}
+
+START_TEST(test_spare_worker)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 60, .spare = true};
+    ck_assert_msg(comm_run(3, spare_group, NULL, &o, NULL), "ranks failed (see stderr)");
+    o.env[0] = "UCX_TLS=tcp";
+    ck_assert_msg(comm_run(2, spare_group, NULL, &o, NULL), "ranks failed over tcp");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("comm");
@@ -694,6 +725,7 @@ int main(void)
     tcase_add_test(tc, test_large_allreduce_2);
     tcase_add_loop_test(tc, test_large_ops, 0, 3);
     tcase_add_test(tc, test_large_ops_tcp_4);
+    tcase_add_test(tc, test_spare_worker);
     suite_add_tcase(s, tc);
     return test_main("comm", s, NULL);
 }

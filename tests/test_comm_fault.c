@@ -325,6 +325,35 @@ START_TEST(test_create_bad_params)
 }
 END_TEST
 
+/* A spare's bad input; one given to a creation that fails on its parameters is released by
+ * it, and one let go while its thread still runs is released by that thread (the sanitized
+ * build's leak check fails the test otherwise). */
+START_TEST(test_spare_bad_input)
+{
+    rg_comm_spare_t *spare = NULL;
+    ck_assert_int_eq(rg_comm_spare_start(0, true, &spare), RG_EINVAL);
+    ck_assert_int_eq(rg_comm_spare_start(RG_COMM_MAX_SIZE + 1, false, &spare), RG_EINVAL);
+    ck_assert_int_eq(rg_comm_spare_start(2, true, NULL), RG_EINVAL);
+    ck_assert(!rg_comm_spare_wait(NULL, rg_deadline_in_ms(0)));
+    rg_comm_spare_destroy(NULL);
+
+    ck_assert_int_eq(rg_comm_spare_start(2, false, &spare), RG_OK);
+    ck_assert(rg_comm_spare_wait(spare, rg_deadline_in_ms(0)));   /* made before returning */
+    rg_comm_t *comm = NULL;
+    rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = NULL,
+                          .key_prefix = "/regroup/x/rounds/0/store/comm/", .spare = spare};
+    ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);   /* no etcd: the spare goes */
+    ck_assert_ptr_null(comm);
+    ck_assert_str_eq(rg_last_error(), "rg_comm_create: neither an etcd client nor endpoints");
+
+    ck_assert_int_eq(rg_comm_spare_start(2, true, &spare), RG_OK);
+    rg_comm_spare_destroy(spare);   /* (its thread may still run) */
+    ck_assert_int_eq(rg_comm_spare_start(2, true, &spare), RG_OK);
+    ck_assert(rg_comm_spare_wait(spare, rg_deadline_in_ms(20000)));
+    rg_comm_spare_destroy(spare);
+}
+END_TEST
+
 /* No rank's address is left under prefix: a failed creation withdraws its own, leaving the
  * header alone (docs/etcd-keys.md: its 32 bytes, no worker address). */
 static void assert_no_addresses(const char *prefix)
@@ -716,6 +745,7 @@ int main(void)
     tcase_add_test(tc, test_stop_times_out_ring);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_create_bad_params);
+    tcase_add_test(tc, test_spare_bad_input);
     tcase_add_test(tc, test_create_times_out);
     tcase_add_test(tc, test_create_abandoned);
     tcase_add_test(tc, test_create_knobs_differ);

@@ -146,6 +146,7 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
             goto err;
         }
     }
+    train_spare_start(ctx);   /* in place: the next group's UCX worker, in the background */
     const char *root = params->ckpt_root ? params->ckpt_root : getenv("REGROUP_CKPT_DIR");
     if (root != NULL && root[0] != '\0') {
         int keep = (int)params->keep_last;
@@ -244,6 +245,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
             rg_warn("abandoning the checkpoint of step %lld in flight: a peer failed",
                     (long long)ctx->save_step);
             rg_comm_destroy(ctx->comm);
+            rg_comm_spare_destroy(ctx->spare);
             rg_etcd_destroy(ctx->etcd);   /* (the progress thread, with its own, is left too) */
             rg_beat_worker_stop(ctx->beat);
             return;
@@ -253,6 +255,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     train_retired_reap(ctx, 1000);   /* earlier groups' checkpoints: bounded, then left */
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
+    rg_comm_spare_destroy(ctx->spare);
     train_progress_stop(ctx->progress);
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);

@@ -48,6 +48,7 @@ struct rg_train_ctx {
     bool             in_place;       /* params.in_place under `regroup --recovery=in-place` */
     bool             joining;        /* a replacement, in no round yet */
     bool             said_ready;     /* it told its agent it is ready */
+    rg_comm_spare_t *spare;          /* a UCX worker made for the next regroup's group */
     int              join_wait_ms;   /* a newcomer: how long its agent may take to let it in
                                       * ($REGROUP_INPLACE_JOIN_TIMEOUT_MS; 0: not said) */
     int              fenced_round;   /* a write of this round was fenced while the agent
@@ -94,6 +95,10 @@ void train_progress_stop(train_progress_t *p);
  * fewer ranks (a member is lost: the collectives would wait for it until UCX's keepalive
  * says so). */
 void train_group_watch(rg_train_ctx_t *ctx, int round, int world, rg_comm_params_t *params);
+/* In place: starts making the UCX worker of the next regroup's group in the background
+ * (ctx->spare), unless one is made or being made. Never fails: without it the group makes
+ * its own worker, as a creation does. */
+void train_spare_start(rg_train_ctx_t *ctx);
 /* Waits for the checkpoint in flight until deadline and releases it: its result. With a
  * deadline of the caller's (not RG_DEADLINE_DEFAULT), RG_ETIMEDOUT with the save still
  * running keeps it in flight (ctx->save stays). */

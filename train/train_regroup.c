@@ -37,6 +37,7 @@
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
 #define NEWER_WAIT_MS       200     /* after a failed attempt: a newer round, or the same */
 #define ASK_ROUND_MS        1000    /* past the lease TTL with no round: ask for one */
+#define SPARE_READY_MS      2000    /* a newcomer waits this long at most for its UCX worker */
 #define AGREE_WORDS         4       /* each member's step, buffer count, bytes and chunk */
 #define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
@@ -174,6 +175,18 @@ static bool group_member_lost(void *arg, char *why, size_t cap)
     return true;
 }
 
+void train_spare_start(rg_train_ctx_t *ctx)
+{
+    const char *env = getenv("REGROUP_SPARE_WORKER");
+    if (!ctx->in_place || ctx->spare != NULL || (env != NULL && strcmp(env, "0") == 0)) {
+        return;
+    }
+    if (rg_comm_spare_start(RG_MAX(ctx->world, 1), true, &ctx->spare) != RG_OK) {
+        rg_debug("no spare UCX worker for the next regroup: %s", rg_last_error());
+        ctx->spare = NULL;
+    }
+}
+
 void train_group_watch(rg_train_ctx_t *ctx, int round, int world, rg_comm_params_t *params)
 {
     ctx->group_round = round;
@@ -232,7 +245,9 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
     rg_comm_params_t cp = {.rank = a->rank[ctx->local_rank], .size = a->world,
                            .etcd = ctx->etcd, .key_prefix = prefix,
                            .timeout_ms = ctx->comm_timeout_ms,
-                           .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS))};
+                           .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS)),
+                           .spare = ctx->spare};
+    ctx->spare = NULL;   /* the group's, made or not */
     train_group_watch(ctx, a->round, a->world, &cp);
     ctx->group_wiring = true;
     st = rg_comm_create(&cp, &ctx->comm);
@@ -552,6 +567,10 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
     bool stalled = rg_comm_fail_status(ctx->comm) == RG_ETIMEDOUT;
 
     if (ctx->joining && !ctx->said_ready) {
+        /* Its UCX worker first (begun at rg_train_init): the members' wire-up with this
+         * newcomer then waits for none of it. */
+        train_spare_start(ctx);
+        (void)rg_comm_spare_wait(ctx->spare, rg_deadline_in_ms(SPARE_READY_MS));
         ctx->said_ready = rg_notice_msg_send(RG_NOTICE_MSG_READY, ctx->local_rank);
         if (!ctx->said_ready) {
             st = rg_error(RG_ESYS, "regroup: cannot tell the agent this replacement is ready");
@@ -560,6 +579,9 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
     for (int attempt = 0; st == RG_OK && attempt < REGROUP_ATTEMPTS; attempt++) {
         rg_notice_assign_t a;
         leave_group(ctx);
+        /* The next group's UCX worker, if none is made yet: in the background while the
+         * agents form the round. */
+        train_spare_start(ctx);
         if (attempt > 0) {
             /* After a failed attempt at round min_round - 1: a newer round if the agents form
              * one soon (a member died), else that round again (a member was slow, or cut off
@@ -624,6 +646,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
                     "(state from rank %d%s) in %.3f s", from_round, ctx->round, ctx->rank,
                     ctx->world, (long long)my_step, rs->source,
                     rs->received ? ", received" : "", (double)(rg_now_ns() - t0) / 1e9);
+            train_spare_start(ctx);   /* for the next one, while this group trains */
             return RG_OK;
         }
         if (st == RG_EINVAL || st == RG_ENOENT || st == RG_ENOMEM || rg_deadline_passed(deadline)) {

@@ -72,6 +72,7 @@ extern "C" {
 
 typedef struct rg_comm rg_comm_t;
 typedef struct rg_comm_req rg_comm_req_t;
+typedef struct rg_comm_spare rg_comm_spare_t;
 
 typedef enum {
     RG_OP_SUM,
@@ -107,6 +108,11 @@ typedef struct {
      * into the group. */
     bool      (*abandon)(void *arg, char *why, size_t cap);
     void       *abandon_arg;
+    /* Optional: a UCX context and worker made beforehand (rg_comm_spare_start). The group
+     * takes it over, whether its creation succeeds or fails: the caller must not use it
+     * again. One not ready by the wire-up's deadline, failed, or made for too few ranks is
+     * let go, and the group makes its own (as with NULL). */
+    rg_comm_spare_t *spare;
 } rg_comm_params_t;
 
 /* Caller storage for the parameters read from a launcher's environment. */
@@ -146,6 +152,27 @@ rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;
  */
 rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     RG_COMM_NODISCARD;
+
+/*
+ * Not collective. Starts making a UCX context and worker for a later rg_comm_create of at
+ * most max(size_hint, 128) ranks (rg_comm_params_t.spare), in a thread of its own when
+ * background is true (returning at once), else before returning. Making a worker costs 10 to
+ * 70 ms on a loaded 2-core host, most of a regroup's wire-up: made while the group before it
+ * still trains, or while the agents form the round, it is off the regroup's path. The thread
+ * blocks every signal (and so does the UCX thread it may start). Errors: RG_EINVAL, RG_ENOMEM,
+ * RG_ESYS (no thread); a failure to make the worker itself is not one: rg_comm_create then
+ * makes its own (and rg_comm_spare_wait says false). Release one that is not handed to rg_comm_create with
+ * rg_comm_spare_destroy.
+ */
+rg_status_t rg_comm_spare_start(int size_hint, bool background, rg_comm_spare_t **spare_p)
+    RG_COMM_NODISCARD;
+/* Waits until the spare's worker is made, or its making failed, or until passes; whether it
+ * is made (false for NULL). rg_deadline_in_ms(0): a look, never blocking. */
+bool rg_comm_spare_wait(rg_comm_spare_t *spare, rg_deadline_t until);
+/* Releases a spare. Waits up to 2 s for a thread that still runs (a process that exits while
+ * it is inside UCX would tear UCX down under it), and past that leaves the spare to it, which
+ * releases it when it ends. Accepts NULL. */
+void rg_comm_spare_destroy(rg_comm_spare_t *spare);
 
 /* Not collective. Tells the peers (if the group is healthy) that this rank leaves, closes
  * every endpoint (without waiting for unhealthy peers), destroys the UCX worker and frees

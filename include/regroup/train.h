@@ -341,7 +341,11 @@ typedef struct {
  * new checkpointer for the new rank and world.
  *
  * The state goes point to point in chunks of $REGROUP_REGROUP_CHUNK_BYTES (default 4 MiB;
- * the members use the smallest of theirs), four in flight to each receiver.
+ * the members use the smallest of theirs), four in flight to each receiver. The new group's
+ * UCX worker is made ahead (rg_comm_spare_start): by a thread of the worker's once a group
+ * is made (rg_train_init's, each regroup's) or, with none, as the regroup starts, while the
+ * agents form the round; a replacement makes its own before it tells its agent it is ready.
+ * $REGROUP_SPARE_WORKER=0 turns that off (each group then makes its worker in its wire-up).
  * Blocks up to $REGROUP_REGROUP_TIMEOUT_MS (default 120000) in all (a survivor waits at most
  * max(3 s, 3 lease TTLs) for the first new round: a peer that hangs without dying makes
  * none, and the job restarts); a member that fails
