@@ -35,6 +35,9 @@
 #                it: the first the survivors completed at world 2
 # --workload torch --scenario loss has a third side, interleaved with the two: torchrun + DDP
 # on gloo (see run_loss_torchrun), what a PyTorch user has today.
+# --spare-ab adds another side to every scenario but copies, interleaved: in place with
+# REGROUP_SPARE_WORKER=0 (every new group makes its UCX worker in its wire-up, as before the
+# spare worker), and to the ratio line the per-repetition ratio of the in-place pauses.
 # --workload torch (scenarios loss and preempt) runs examples/python/ddp_trainer.py in each
 # agent instead (PyTorch DDP through regroup.train: TorchTrainer, prepare_model, optimizer and
 # loader, Fashion-MNIST; --preload=torch,numpy, so that a restarted worker is forked from an
@@ -69,7 +72,8 @@ keep=""
 workload=exact
 epochs_set=0
 table_rows=1000
-usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|copies|both|all] [--table-rows N] [--keep DIR] [--workload exact|torch]"
+spare_ab=0
+usage="usage: $0 [--build DIR] [--reps N] [--work W] [--epochs E] [--at STEPS] [--scenario join|loss|kill|preempt|copies|both|all] [--table-rows N] [--keep DIR] [--workload exact|torch] [--spare-ab]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -80,6 +84,7 @@ while (($#)); do
         --at) at=$2; at_set=1; shift 2 ;;
         --keep) keep=$2; shift 2 ;;
         --table-rows) table_rows=$2; shift 2 ;;
+        --spare-ab) spare_ab=1; shift ;;
         --scenario)
             case "$2" in join|loss|kill|preempt|copies) scenarios=$2 ;; both) scenarios="join loss" ;;
                 all) scenarios="join loss kill preempt" ;; *) echo "$usage" >&2; exit 2 ;; esac
@@ -165,8 +170,9 @@ show() { rg_bench_show "$@"; }
 # own: b's is SIGKILLed) is appended to pids. Every agent's life is bounded: the waits below
 # have deadlines and cleanup kills what is left.
 agent() {
-    local d=$1 name=$2 mode=$3 id=$4 conf=$5 nnodes=${6:-1:2}
+    local d=$1 name=$2 mode=$3 id=$4 conf=$5 nnodes=${6:-1:2} spare=1
     shift $(($# < 6 ? $# : 6))
+    [[ "$mode" != in-place-no-spare ]] || mode=in-place spare=0
     local prog=("$build/examples/rg-exact" --epochs "$epochs" --work "$work"
                 --step-log "$d/steps.txt" "$@")
     local pre=()
@@ -177,7 +183,8 @@ agent() {
               --epochs "$epochs" --recovery "$mode" --storage "$d" --name run
               --data-cache "$d/data" --step-log "$d/steps.txt" "$@")
     fi
-    REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --rdzv-endpoint="127.0.0.1:$cport" \
+    REGROUP_SPARE_WORKER=$spare REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" \
+        --rdzv-endpoint="127.0.0.1:$cport" \
         --rdzv-id="$id" --nnodes="$nnodes" --nproc-per-node=2 --max-restarts=3 \
         --recovery="$mode" --rdzv-conf="$conf" "${pre[@]}" "${prog[@]}" \
         >"$d/$name.log" 2>&1 &
@@ -236,7 +243,7 @@ run_join() { # $1 = mode (restart|in-place), $2 = repetition
     check_exact "$d" 4
     # The step the job went on from at world 4: rank 0 says it, in place or after a restart.
     local from
-    if [[ "$1" == in-place ]]; then
+    if [[ "$1" == in-place* ]]; then
         from=$(cat "$d"/[ab].log | sed -n 's/^regrouped: .* world 4 from step \([0-9]*\),.*/\1/p' | head -1)
         ! grep -aq "resumed from step" "$d"/[ab].log || fail "$d: resumed from a checkpoint in place"
         grep -aq "started (joining 1)" "$d/b.log" ||
@@ -278,10 +285,10 @@ run_loss() { # $1 = mode (restart|in-place|copies-1|copies-2), $2 = repetition; 
     [[ "$sig" == KILL ]] || grep -aq "this node leaves the job: SIGTERM" "$d/b.log" ||
         { show "$d/b.log"; fail "$d: node b did not leave on SIGTERM"; }
     check_exact "$d" 2
-    if [[ "$workload" == torch && "$mode" == in-place ]]; then
+    if [[ "$workload" == torch && "$mode" == in-place* ]]; then
         [[ "$(grep -ac "started 2 workers" "$d/a.log")" == 1 ]] ||
             { show "$d/a.log"; fail "$d: node a's workers were started again in place"; }
-    elif [[ "$mode" == in-place ]] && grep -aq "resumed from step" "$d/a.log"; then
+    elif [[ "$mode" == in-place* ]] && grep -aq "resumed from step" "$d/a.log"; then
         [[ "$scen" == copies ]] && grep -aq "held by no member" "$d/a.log" ||
             fail "$d: resumed from a checkpoint in place"
         fb=1   # the table's rows were held at no common step: back to the disk checkpoint
@@ -377,7 +384,7 @@ run_kill() { # $1 = mode (restart|in-place), $2 = repetition
     cat "$d"/[abc].log | grep -aq "killing myself at step $at" ||
         { show "$d"/[abc].log; fail "$d: rank 1 did not kill itself at step $at"; }
     check_exact "$d" 6
-    if [[ "$1" == in-place ]]; then
+    if [[ "$1" == in-place* ]]; then
         ! grep -aq "resumed from step" "$d"/[abc].log || fail "$d: resumed from a checkpoint in place"
     fi
     echo "kill $1 $2 $((t1 - t0)) -1 -1 0" >>"$out/runs.txt"
@@ -388,10 +395,14 @@ for s in $scenarios; do
     [[ "$s" != copies ]] || m1=copies-1 m2=copies-2
     ref=0   # the torch workload's node loss has torchrun's as a third side
     [[ "$workload" != torch || "$s" != loss ]] || ref=1
+    ab=$spare_ab   # in place without the spare UCX worker as another side
+    [[ "$s" != copies ]] || ab=0
     for ((r = 0; r < reps; r++)); do
         if ((r % 2 == 0)); then "run_$s" "$m1" "$r"; "run_$s" "$m2" "$r"
             ((ref == 0)) || run_loss_torchrun "$r"
+            ((ab == 0)) || "run_$s" in-place-no-spare "$r"
         else
+            ((ab == 0)) || "run_$s" in-place-no-spare "$r"
             ((ref == 0)) || run_loss_torchrun "$r"
             "run_$s" "$m2" "$r"; "run_$s" "$m1" "$r"; fi
     done
@@ -435,6 +446,9 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
     modes = ("copies-1", "copies-2") if scen == "copies" else ("restart", "in-place")
     if scen == "loss" and ("loss", "torchrun", 0) in runs:
         modes += ("torchrun",)
+    if (scen, "in-place-no-spare", 0) in runs:
+        modes += ("in-place-no-spare",)
+    pauses = {}
     for mode in modes:
         res = []
         for r in range(reps):
@@ -448,6 +462,7 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
                 extra = to_training(steps, event_ms, epoch_steps)
             res.append((pause, redone, step_s, job_s, extra, fb))
             jobs[(mode, r)] = job_s
+        pauses[mode] = [x[0] for x in res]
         line = {"bench": "scale", "scenario": names[scen],
                 "mode": mode, "nodes": 3 if scen == "kill" else 2, "workers_per_node": 2,
                 "work": work,
@@ -471,6 +486,9 @@ for scen in sorted({k[0] for k in runs}, key=order.index):
     if "torchrun" in modes:
         line["job_time_ratio_in_place_over_torchrun"] = stats(
             [jobs[("in-place", r)] / jobs[("torchrun", r)] for r in range(reps)])
+    if "in-place-no-spare" in modes:
+        line["pause_ratio_spare_over_no_spare"] = stats(
+            [a / b for a, b in zip(pauses["in-place"], pauses["in-place-no-spare"]) if b > 0])
     print(json.dumps({**line, **meta}))
 print(json.dumps({"bench": "scale", "loadavg_start": sys.argv[8].split(),
                   "loadavg_end": open("/proc/loadavg").read().split()[:3], **meta}))
