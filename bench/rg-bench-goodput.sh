@@ -9,7 +9,8 @@
 # restarted worker is forked from an interpreter that imported torch; its --data-cache, as
 # rg-fmnist's, in the run's directory); --modes picks the
 # recovery modes (the trainer checkpoints once an epoch: in restart mode each kill redoes
-# the epoch so far).
+# the epoch so far); in-place-no-spare is in place with REGROUP_SPARE_WORKER=0 (every new
+# group makes its UCX worker in its wire-up), with a ratio line against in-place.
 # Each run has its own --data-cache (in its directory): its first workers decompress the data
 # set and leave the copies there, its replacements (in place) and restarted workers read them.
 # The script's own loops start no process while they poll (bench_lib.sh's rg_bench_nap).
@@ -56,7 +57,7 @@ seed=1
 keep=
 workload=fmnist
 modes=restart,in-place
-usage="usage: $0 [--build DIR] [--reps N] [--epochs E] [-n WORKERS] [--every-ms MS] [--max-kills K] [--min-accuracy A] [--seed S] [--workload fmnist|torch] [--modes restart,in-place] [--keep DIR]"
+usage="usage: $0 [--build DIR] [--reps N] [--epochs E] [-n WORKERS] [--every-ms MS] [--max-kills K] [--min-accuracy A] [--seed S] [--workload fmnist|torch] [--modes restart,in-place,in-place-no-spare] [--keep DIR]"
 while (($#)); do
     case "$1" in
         --build) build=$2; shift 2 ;;
@@ -84,7 +85,8 @@ done
 [[ "$workload" == fmnist || "$workload" == torch ]] || { echo "$usage" >&2; exit 2; }
 IFS=, read -ra mode_list <<<"$modes"
 for m in "${mode_list[@]}"; do
-    [[ "$m" == restart || "$m" == in-place ]] || { echo "--modes: restart, in-place" >&2; exit 2; }
+    [[ "$m" =~ ^(restart|in-place|in-place-no-spare)$ ]] ||
+        { echo "--modes: restart, in-place, in-place-no-spare" >&2; exit 2; }
 done
 ((${#mode_list[@]} >= 1)) || { echo "$usage" >&2; exit 2; }
 [[ -x "$build/regroup" && -x "$build/examples/rg-fmnist" ]] || {
@@ -213,15 +215,17 @@ kill_loop() {
     done
 }
 
-run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
-    local d="$out/$1-$2-$3" t0 t1 acc resumed regrouped rounds
+run() { # $1 = mode (restart|in-place|in-place-no-spare), $2 = repetition, $3 = clean|faulty
+    local d="$out/$1-$2-$3" t0 t1 acc resumed regrouped rounds recovery=$1 spare=1
+    [[ "$1" != in-place-no-spare ]] || recovery=in-place spare=0
+    export REGROUP_SPARE_WORKER=$spare
     mkdir -p "$d/ckpt"
     : >"$d/log"   # there before the kill loop reads it (the child opens it after the fork)
     t0=$(now_ms)
     job_deadline=$((t0 + 600000))
     if [[ "$workload" == fmnist ]]; then
         REGROUP_CKPT_DIR="$d/ckpt" "$build/regroup" --standalone --nproc-per-node="$n" \
-            --max-restarts=$((2 * max_kills + 10)) --recovery="$1" \
+            --max-restarts=$((2 * max_kills + 10)) --recovery="$recovery" \
             "$build/examples/rg-fmnist" --epochs "$epochs" --data-cache "$d/data" >"$d/log" 2>&1 &
         job=$!
         agent=$job
@@ -229,7 +233,7 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
         REGROUP_LAUNCHER="$build/regroup" REGROUP_LIBRARY="$build/libregroup.so" \
             PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
             "$python" "$src/examples/python/ddp_trainer.py" --workers "$n" --epochs "$epochs" \
-            --storage "$d" --name run --recovery "$1" --max-failures $((2 * max_kills + 10)) \
+            --storage "$d" --name run --recovery "$recovery" --max-failures $((2 * max_kills + 10)) \
             --data-cache "$d/data" >"$d/log" 2>&1 &
         job=$!
         agent=$job   # until its launcher is known (wait_line watches it)
@@ -263,7 +267,7 @@ run() { # $1 = mode (restart|in-place), $2 = repetition, $3 = clean|faulty
     else
         ((resumed == 0 && rounds == 1)) || fail "$d: a fault-free run restarted"
     fi
-    if [[ "$1" == in-place ]] && ((resumed > rounds - 1)); then
+    if [[ "$1" == in-place* ]] && ((resumed > rounds - 1)); then
         rg_bench_show "$d/log"
         fail "$d: in place, resumed from a checkpoint $resumed times in $((rounds - 1)) restarts"
     fi
@@ -327,6 +331,11 @@ if "restart" in goodput and "in-place" in goodput:
     ratios = [i / r for i, r in zip(goodput["in-place"], goodput["restart"])]
     print(json.dumps({"bench": "goodput", "workload": workload,
                       "goodput_ratio_in_place_over_restart": stats(ratios), "reps": reps,
+                      **meta}))
+if "in-place" in goodput and "in-place-no-spare" in goodput:
+    ratios = [a / b for a, b in zip(goodput["in-place"], goodput["in-place-no-spare"])]
+    print(json.dumps({"bench": "goodput", "workload": workload,
+                      "goodput_ratio_spare_over_no_spare": stats(ratios), "reps": reps,
                       **meta}))
 if "in-place" in goodput:
     print(json.dumps({"bench": "goodput", "workload": workload, "in_place_goodput_at_least_0.9":
