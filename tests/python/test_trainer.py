@@ -137,6 +137,26 @@ def test_in_place_kill_outside_a_step(tmp, what):
 
 
 @pytest.mark.training
+def test_in_place_kill_in_the_last_report(tmp):
+    """Rank 1 SIGKILLed before the last epoch's report, while the others are in its
+    collectives (the checkpoint's tensors from rank 0): they regroup there and the training
+    function returns. That report's checkpoint was never saved (every rank's report broke
+    off), and the job ended without it: the result's checkpoint was the epoch before's. The
+    workers now save it again in the new group before they end."""
+    rc, out = fit(tmp, "lastreport", "--workers", 4, "--epochs", 2, "--kill-before",
+                  "last-report", "--kill-rank", 1, "--max-failures", 2)
+    assert rc == 0, out
+    assert "rank 1: killing myself before last-report" in out, out
+    assert re.search(r"regrouped at step (\d+): world size 3, round \d+ \(PeerError\)", out), out
+    m = re.search(r"worker done pid=\d+ rank=0 world=\d+ step=(\d+)", out)
+    assert m, out
+    assert "checkpoint_step=%s " % m.group(1) in out, out   # the last report's
+    assert "counts_ok=True" in out, out
+    assert "restart" not in out.replace("max_restarts", ""), out
+    assert_gone(out)
+
+
+@pytest.mark.training
 def test_last_checkpoint_after_a_change_waited(tmp):
     """The job's last report (with its checkpoint) comes while a replacement waits to join:
     the job has moved to a newer round, so that checkpoint is refused in the old one. The

@@ -139,6 +139,8 @@ def train_func(config):
                 print("last report at step %d" % ctx.get_step(), flush=True)
         if epoch == 0:
             kill_before(config, ctx, "report")
+        if epoch == config["epochs"] - 1:
+            kill_before(config, ctx, "last-report")
         train.report({"epoch": epoch, "loss": float(loss), "world_size": ctx.get_world_size()},
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "opt": opt.state_dict(),
@@ -207,7 +209,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--kill-at", type=int, default=-1)
     ap.add_argument("--kill-rank", type=int, default=1)
-    ap.add_argument("--kill-before", choices=["", "prepare_model", "get_checkpoint", "report"],
+    ap.add_argument("--kill-before", choices=["", "prepare_model", "get_checkpoint", "report",
+                                              "last-report"],
                     default="")
     ap.add_argument("--raise-at", type=int, default=-1)
     ap.add_argument("--raise-rank", type=int, default=1)

@@ -81,6 +81,8 @@ class Session:
         self.last_checkpoint = None   # the last reported Checkpoint (its dict)
         self.last_checkpoint_step = -1  # the steps done when it was reported
         self.deferred = None          # in place: a planned change that waits for a boundary
+        self.unsaved_step = -1        # in place: a user report with a checkpoint at this step
+                                      # broke off (a failure in its collectives)
         self.finishing = False        # the training function returned: the last regroup
         self.received_checkpoint = None  # a replacement's: what the survivors last reported
         self.resync = None            # a replacement's received state, to put back after load
@@ -223,6 +225,8 @@ class Session:
         except _status.Error as e:
             if not (self.in_place and _regroup_failure(e)):
                 raise
+            if user and checkpoint is not None:
+                self.unsaved_step = self.done
             self.regroup(e)
 
     def _epoch_ended(self):
@@ -390,26 +394,43 @@ class Session:
         one (its writes are fenced), and the job would end without it. The workers regroup
         once more (a replacement waiting to join receives the state, takes part and ends
         without running its function) and save it again in the new round: a step already
-        committed is not written twice."""
+        committed is not written twice.
+        A failure that broke the last report off (a member died in its collectives: the
+        checkpoint's broadcast, the report's agreement) left that report's checkpoint unsaved,
+        and the job ended without it (the result's checkpoint was the epoch before's). The
+        ranks agree whether any of theirs broke off, and if so save it again in the new
+        group."""
+        if not self.in_place:
+            return
         for _ in range(_REGROUP_ATTEMPTS):
-            if not self.in_place or self.deferred is None:
+            if self.deferred is not None:
+                self.finishing = True
+                self.regroup(self.deferred)
+                self.redo_on_regroup(self._final_save)
+            elif not self.redo_on_regroup(lambda: self._final_save(broken_only=True)):
                 return
-            self.finishing = True
-            self.regroup(self.deferred)
-            self.redo_on_regroup(self._final_save)
         raise RuntimeError("regroup.train: the job kept changing after the training function "
                            "returned (%d regroups)" % _REGROUP_ATTEMPTS)
 
-    def _final_save(self):
+    def _final_save(self, broken_only=False):
         """The last checkpoint again, at the steps done, if the last report carried it
-        (rank 0's word: a replacement knows it from the state it received). Collective."""
+        (rank 0's word: a replacement knows it from the state it received); broken_only: if
+        it did and that report broke off on some rank (any rank's word). Whether it saved.
+        Collective."""
         torch = _torch()
-        need = torch.tensor([1 if self.last_checkpoint is not None and
-                             self.last_checkpoint_step == self.done else 0], dtype=torch.int64)
+        last = self.last_checkpoint is not None and self.last_checkpoint_step == self.done
+        if broken_only:
+            last = last and self.unsaved_step == self.done
+        need = torch.tensor([1 if last else 0], dtype=torch.int64)
         if self.ctx.world_size > 1:
-            self.ctx.broadcast(need, root=0)
+            if broken_only:
+                self.ctx.allreduce(need, op="max")
+            else:
+                self.ctx.broadcast(need, root=0)
         if need.item():
+            self.unsaved_step = -1   # (set again if this report breaks off too)
             self.boundary(checkpoint=self.last_checkpoint, user=True)
+        return bool(need.item())
 
     def regroup(self, why):
         """Regroups in place: the state, the optimizer's and the loader's position from the
