@@ -43,7 +43,7 @@ def train_func(config):
     torch.manual_seed(config["seed"])
     model = prepare_model(Model())
     opt = prepare_optimizer(torch.optim.Adam(model.parameters(), lr=config["lr"]))
-    ds = TensorDataset(x.float() / 255.0, y)
+    ds = TensorDataset(x, y)   # (the bytes: each batch is scaled to [0, 1] as it is used)
     loader = prepare_data_loader(DataLoader(ds, batch_size=config["batch"] // config["workers"],
                                             shuffle=True), global_batch_size=config["batch"],
                                  seed=config["seed"])
@@ -60,7 +60,7 @@ def train_func(config):
     for epoch in range(start, config["epochs"]):
         for xb, yb in loader:
             opt.zero_grad()
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(model(xb.float() / 255.0), yb)
             loss.backward()
             before = ctx.get_step()
             opt.step()   # (in place, a step a failure broke is discarded: not counted)
