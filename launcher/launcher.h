@@ -383,6 +383,9 @@ typedef enum {
     INPLACE_PENDING,        /* a replacement that is starting (not in any round yet) */
     INPLACE_READY,          /* a replacement that said it is ready: in the next round */
     INPLACE_EXITED,         /* exited 0 */
+    INPLACE_DUE,            /* failed: its replacement starts once the others have their
+                               next round (forking it first delayed that round by up to
+                               55 ms under load: a fork of a Python fork server) */
 } launcher_inplace_state_t;
 
 typedef struct {

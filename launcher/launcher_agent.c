@@ -155,10 +155,10 @@ static round_end_t inplace_change(agent_t *ag, const rg_rdzv_assignment_t *asg,
     return ROUND_IN_PLACE;
 }
 
-/* In place: replaces every worker that failed (reported, counted as a restart by the next
- * round); ROUND_IN_PLACE, or the restart path when that cannot be done. */
-static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
-                                   const launcher_spawn_t *sp0)
+/* In place: every worker that failed is reported (counted as a restart by the next round)
+ * and due for a replacement (inplace_respawn_due, once the next round is the survivors');
+ * ROUND_IN_PLACE, or the restart path when that cannot be done. */
+static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg)
 {
     const rg_agent_params_t *cfg = ag->cfg;
     char why[256] = "";
@@ -167,7 +167,8 @@ static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
 
     for (int i = 0; i < ag->ws.n; i++) {
         launcher_worker_t *w = &ag->ws.w[i];
-        if (w->running || ag->ip.state[i] == INPLACE_EXITED) {
+        if (w->running || ag->ip.state[i] == INPLACE_EXITED ||
+            ag->ip.state[i] == INPLACE_DUE) {
             continue;
         }
         if (WIFEXITED(w->wstatus) && WEXITSTATUS(w->wstatus) == 0) {
@@ -191,7 +192,30 @@ static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
                      "place", i, (int)w->pid);
         }
         n_failed++;
-        if (!capable) {
+        if (capable) {
+            ag->ip.state[i] = INPLACE_DUE;   /* (inplace_respawn_due, after the next round) */
+        }
+    }
+    if (n_failed == 0) {
+        return ROUND_SUCCEEDED;   /* only exits with 0: nothing to recover */
+    }
+    if (!capable) {
+        fprintf(stderr, "regroup: warning: --recovery=in-place: %s; the job restarts as with "
+                "--recovery=restart\n", why);
+        return inplace_restart(ag, why);
+    }
+    rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0,
+                   "a worker was replaced");
+    return ROUND_IN_PLACE;
+}
+
+/* In place: starts a replacement for every worker whose failure inplace_replace saw, once
+ * the survivors have their next round on the page; ROUND_IN_PLACE, or the restart path when
+ * one cannot be started. */
+static round_end_t inplace_respawn_due(agent_t *ag, const launcher_spawn_t *sp0)
+{
+    for (int i = 0; i < ag->ws.n; i++) {
+        if (ag->ip.state[i] != INPLACE_DUE) {
             continue;
         }
         launcher_spawn_t sp = *sp0;
@@ -208,16 +232,6 @@ static round_end_t inplace_replace(agent_t *ag, const rg_rdzv_assignment_t *asg,
         rg_info("local rank %d: replacement started (pid %d); the others go on without it",
                 i, (int)ag->ws.w[i].pid);
     }
-    if (n_failed == 0) {
-        return ROUND_SUCCEEDED;   /* only exits with 0: nothing to recover */
-    }
-    if (!capable) {
-        fprintf(stderr, "regroup: warning: --recovery=in-place: %s; the job restarts as with "
-                "--recovery=restart\n", why);
-        return inplace_restart(ag, why);
-    }
-    rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0,
-                   "a worker was replaced");
     return ROUND_IN_PLACE;
 }
 
@@ -242,6 +256,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
         rg_info("round %d: %d workers carry on in place (ranks from %d, world %d, restart %d)",
                 asg->round, launcher_inplace_members(&ag->ip, &ag->ws), asg->rank_offset,
                 asg->world_size, asg->restart_count);
+        if (ag->ip.term_end_ms == 0 && inplace_respawn_due(ag, &sp) != ROUND_IN_PLACE) {
+            return ROUND_RESTART;   /* (a node that leaves, SIGTERMed while it rejoined,
+                                       starts no replacement) */
+        }
     } else {
         for (int i = 0; i < cfg->nproc; i++) {
             rg_beat_host_reset(&ag->beat, i);   /* armed by each new worker's first beat */
@@ -377,7 +395,7 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 return agent_left(ag, &lv);
             }
             if (failed >= 0 && ag->ip.enabled) {
-                round_end_t end = inplace_replace(ag, asg, &sp);
+                round_end_t end = inplace_replace(ag, asg);
                 if (end != ROUND_SUCCEEDED) {
                     return end;
                 }

@@ -346,7 +346,8 @@ static bool reap_during_join(const launcher_inplace_env_t *e)
     launcher_workers_reap(e->ws, &failed);
     for (int i = 0; i < e->ws->n; i++) {
         launcher_worker_t *w = &e->ws->w[i];
-        if (!w->running && e->ip->state[i] != INPLACE_EXITED) {
+        if (!w->running && e->ip->state[i] != INPLACE_EXITED &&
+            e->ip->state[i] != INPLACE_DUE) {
             if (WIFEXITED(w->wstatus) && WEXITSTATUS(w->wstatus) == 0) {
                 e->ip->state[i] = INPLACE_EXITED;
                 continue;
