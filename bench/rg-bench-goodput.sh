@@ -234,7 +234,7 @@ run() { # $1 = mode (restart|in-place|in-place-no-spare), $2 = repetition, $3 = 
             PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
             "$python" "$src/examples/python/ddp_trainer.py" --workers "$n" --epochs "$epochs" \
             --storage "$d" --name run --recovery "$recovery" --max-failures $((2 * max_kills + 10)) \
-            --data-cache "$d/data" >"$d/log" 2>&1 &
+            --data-cache "$d/data" --step-log "$d/steps.txt" >"$d/log" 2>&1 &
         job=$!
         agent=$job   # until its launcher is known (wait_line watches it)
         wait_line "$d/log" 'private etcd at'   # the driver's one child, by then
