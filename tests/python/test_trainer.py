@@ -316,6 +316,31 @@ def test_checkpoint_repr_and_a_leaving_nodes_data():
     assert _ckpt.unwrap({"epoch": 1}) == ({"epoch": 1}, None)
 
 
+def test_the_last_record_is_written_at_the_end(tmp):
+    """At the end, rank 0 writes the last report's metrics record when the file's last is
+    an earlier one: the rank 0 of that report died between its report and writing it (the
+    result then had no metrics: rg-bench-goodput saw KeyError 'samples_per_s'). Once only."""
+    import json
+    import types
+    from regroup.train import _session
+    run_dir = os.path.join(tmp, "run")
+    os.makedirs(run_dir)
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps({"metrics": {"epoch": 0}, "step": 16}) + "\n")
+    s = types.SimpleNamespace(ctx=types.SimpleNamespace(rank=0), run_dir=run_dir,
+                              last_record={"metrics": {"epoch": 1}, "step": 32})
+    s._write_record = lambda rec: _session.Session._write_record(s, rec)
+    for _ in range(2):
+        _session.Session._last_record_written(s)
+    steps = [json.loads(line)["step"] for line in open(path)]
+    assert steps == [16, 32], steps
+    s.ctx.rank = 1   # only rank 0 writes
+    s.last_record = {"metrics": {}, "step": 48}
+    _session.Session._last_record_written(s)
+    assert [json.loads(line)["step"] for line in open(path)] == [16, 32]
+
+
 def preempted_run(tmp, name, *args):
     """The DDP program on 2 workers for 4 epochs, with args that make it preempt its own
     node (its rank 0 watches the output, in a file, for the notice): that output."""

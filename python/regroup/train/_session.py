@@ -81,6 +81,7 @@ class Session:
         self.last_checkpoint = None   # the last reported Checkpoint (its dict)
         self.last_checkpoint_step = -1  # the steps done when it was reported
         self.deferred = None          # in place: a planned change that waits for a boundary
+        self.last_record = None       # the last report's metrics record (rank 0 writes it)
         self.unsaved_step = -1        # in place: a user report with a checkpoint at this step
                                       # broke off (a failure in its collectives)
         self.finishing = False        # the training function returned: the last regroup
@@ -297,13 +298,36 @@ class Session:
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
             self.last_checkpoint_step = self.done
+        # Every rank keeps the record: rank 0 writes it, and a rank 0 of a later group
+        # writes the last one at the end if the rank 0 of its report died before it did.
+        self.last_record = {"metrics": metrics, "step": self.done,
+                            "loader_epoch": self._epoch(), "world_size": self.ctx.world_size,
+                            "round": self.ctx.round, "time": time.time(),
+                            "checkpoint": checkpoint is not None}
         if self.ctx.rank == 0 and self.run_dir:
-            rec = {"metrics": metrics, "step": self.done, "loader_epoch": self._epoch(),
-                   "world_size": self.ctx.world_size, "round": self.ctx.round,
-                   "time": time.time(), "checkpoint": checkpoint is not None}
-            os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
+            self._write_record(self.last_record)
+
+    def _write_record(self, rec):
+        os.makedirs(self.run_dir, exist_ok=True)
+        with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+
+    def _last_record_written(self):
+        """At the end, on rank 0: the last report's record is the file's last (its rank 0 may
+        have died between the report and writing it: the result had no metrics then)."""
+        if self.ctx.rank != 0 or not self.run_dir or self.last_record is None:
+            return
+        last = None
+        try:
+            with open(os.path.join(self.run_dir, "metrics.jsonl"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - (1 << 16)))
+                lines = f.read().splitlines()
+            last = json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            last = None
+        if last is None or last.get("step") != self.last_record["step"]:
+            self._write_record(self.last_record)
 
     def get_checkpoint(self):
         """In place, a replacement regroups here: the checkpoint the survivors last reported
@@ -399,7 +423,8 @@ class Session:
         checkpoint's broadcast, the report's agreement) left that report's checkpoint unsaved,
         and the job ended without it (the result's checkpoint was the epoch before's). The
         ranks agree whether any of theirs broke off, and if so save it again in the new
-        group."""
+        group. Rank 0 then writes the last report's metrics record if it is not the file's
+        last (that report's rank 0 died before it wrote it)."""
         if not self.in_place:
             return
         for _ in range(_REGROUP_ATTEMPTS):
@@ -408,6 +433,7 @@ class Session:
                 self.regroup(self.deferred)
                 self.redo_on_regroup(self._final_save)
             elif not self.redo_on_regroup(lambda: self._final_save(broken_only=True)):
+                self._last_record_written()
                 return
         raise RuntimeError("regroup.train: the job kept changing after the training function "
                            "returned (%d regroups)" % _REGROUP_ATTEMPTS)
