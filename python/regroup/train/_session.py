@@ -427,9 +427,12 @@ class Session:
         last (that report's rank 0 died before it wrote it)."""
         if not self.in_place:
             return
+        # From here a replacement that joins (in the deferred change's regroup, or in one
+        # that a failure below makes) takes part in the last save and ends: it does not run
+        # the training function the others have left.
+        self.finishing = True
         for _ in range(_REGROUP_ATTEMPTS):
             if self.deferred is not None:
-                self.finishing = True
                 self.regroup(self.deferred)
                 self.redo_on_regroup(self._final_save)
             elif not self.redo_on_regroup(lambda: self._final_save(broken_only=True)):
@@ -439,20 +442,18 @@ class Session:
                            "returned (%d regroups)" % _REGROUP_ATTEMPTS)
 
     def _final_save(self, broken_only=False):
-        """The last checkpoint again, at the steps done, if the last report carried it
-        (rank 0's word: a replacement knows it from the state it received); broken_only: if
-        it did and that report broke off on some rank (any rank's word). Whether it saved.
-        Collective."""
+        """The last checkpoint again, at the steps done, if the last report carried it;
+        broken_only: if it did and that report broke off. Any rank's word (a replacement
+        knows the last report from the state it received, and says no broken one): the same
+        collectives on every rank whichever it was called for, since a replacement that
+        joins here cannot know which. Whether it saved. Collective."""
         torch = _torch()
         last = self.last_checkpoint is not None and self.last_checkpoint_step == self.done
         if broken_only:
             last = last and self.unsaved_step == self.done
         need = torch.tensor([1 if last else 0], dtype=torch.int64)
         if self.ctx.world_size > 1:
-            if broken_only:
-                self.ctx.allreduce(need, op="max")
-            else:
-                self.ctx.broadcast(need, root=0)
+            self.ctx.allreduce(need, op="max")
         if need.item():
             self.unsaved_step = -1   # (set again if this report breaks off too)
             self.boundary(checkpoint=self.last_checkpoint, user=True)
