@@ -27,7 +27,8 @@
  * --kill-at makes rank R SIGKILL itself at global step STEP in the job's first attempt (before
  * the step's allreduce; --kill-in-allreduce: once its part of that allreduce is posted and
  * progressed once); --kill-again STEP2 makes rank R of the second attempt (restart count 1)
- * do the same at STEP2; --kill-rank2 R2 makes rank R2 die with rank R. Every rank says
+ * do the same at STEP2; --kill-rank2 R2 makes rank R2 die with rank R. --forget-rank R3 makes
+ * rank R3 drop its state at its first regroup (zeroes, step -1: it must receive it all). Every rank says
  * "rank R: pid P started (joining J)" and, at the end, "rank R: pid P finished". --step-log FILE makes rank 0 append "STEP MS" for every step it
  * completes (MS: CLOCK_REALTIME milliseconds), for bench/rg-bench-recovery.sh.
  * --table-rows N adds a sharded part to the state: a table of N 64-bit rows, each owned by
@@ -77,6 +78,7 @@ typedef struct {
     int64_t     kill_rank;
     int64_t     kill_rank2;   /* a second rank killed with kill_rank, or -1 */
     int64_t     kill_again;
+    int64_t     forget_rank;  /* --forget-rank: this rank drops its state at its first regroup */
     bool        kill_in_allreduce;
     int64_t     pad_kb;
     int64_t     table_rows;   /* the sharded table's rows; 0: none */
@@ -138,7 +140,7 @@ static int parse(int argc, char **argv, options_t *o)
 {
     *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
                      .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1,
-                     .kill_rank2 = -1};
+                     .kill_rank2 = -1, .forget_rank = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--expect") == 0) {
@@ -182,6 +184,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->kill_rank, lo = 0, hi = 4096;
         } else if (strcmp(a, "--kill-rank2") == 0) {
             dst = &o->kill_rank2, lo = 0, hi = 4096;
+        } else if (strcmp(a, "--forget-rank") == 0) {
+            dst = &o->forget_rank, lo = 0, hi = 4096;
         } else if (strcmp(a, "--join-delay-ms") == 0) {
             dst = &o->join_delay_ms, lo = 0, hi = 600000;
         } else if (strcmp(a, "--table-rows") == 0) {
@@ -471,11 +475,23 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
                            const char *why)
 {
     rg_train_buf_t buf[2];
-    rg_train_regroup_t rs = {.step = step, .bufs = buf, .n_bufs = 0, .cursor = *cur,
-                             .table = table};
+    /* --forget-rank: at its first regroup this member says it holds no state (step -1), as
+     * one whose buffers took a regroup's state but not the rest of it: it must receive the
+     * whole state, and the job stay exact. */
+    static bool forgot;
+    bool forget = o->forget_rank == rg_train_rank(ctx) && !forgot && !rg_train_joining(ctx) &&
+                  table == NULL;
+    if (forget) {
+        forgot = true;
+        memset(state, 0, sizeof(int64_t) * (size_t)o->dim);
+        fprintf(stderr, "rank %d: dropping my state at step %lld\n", rg_train_rank(ctx),
+                (long long)step);
+    }
+    rg_train_regroup_t rs = {.step = forget ? -1 : step, .bufs = buf, .n_bufs = 0,
+                             .cursor = *cur, .table = table};
     if (o->state_kb > 0) {
         /* First: a transfer that breaks off while it goes breaks off in buffer 1. */
-        rg_status_t fs = extra_fill(o, step, rg_train_joining(ctx));
+        rg_status_t fs = extra_fill(o, step, rg_train_joining(ctx) || forget);
         if (fs != RG_OK) {
             return fs;
         }

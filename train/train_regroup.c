@@ -547,8 +547,9 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
                         "(run it under regroup --recovery=in-place, with "
                         "rg_train_params_t.in_place)");
     }
-    if (!ctx->joining && rs->step < 0) {
-        return rg_error(RG_EINVAL, "rg_train_regroup: step < 0");
+    if (!ctx->joining && (rs->step < -1 || (rs->step == -1 && rs->table != NULL))) {
+        return rg_error(RG_EINVAL, "rg_train_regroup: step %lld (-1, no state, only without "
+                        "a table)", (long long)rs->step);
     }
     int ms = REGROUP_TIMEOUT_MS;
     const char *env = getenv("REGROUP_REGROUP_TIMEOUT_MS");
@@ -557,7 +558,7 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         ms = (int)v;
     }
     rg_deadline_t deadline = rg_deadline_in_ms(ms);
-    int64_t my_step = ctx->joining ? -1 : rs->step;
+    int64_t my_step = ctx->joining ? -1 : rs->step;   /* (-1: no state) */
     rg_data_cursor_t my_cursor = rs->cursor;
     uint64_t t0 = rg_now_ns();
     int from_round = ctx->round;

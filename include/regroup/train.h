@@ -304,7 +304,11 @@ rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *table, 
 
 typedef struct {
     /* in (a replacement's are ignored; its buffers get the state) */
-    int64_t          step;       /* the steps this rank's state holds (completed), >= 0 */
+    int64_t          step;       /* the steps this rank's state holds (completed), >= 0;
+                                    -1: it holds none (it receives the whole state, as a
+                                    replacement: a member whose buffers took a regroup's
+                                    state but whose own other state did not come with it;
+                                    not with a table) */
     rg_train_buf_t  *bufs;       /* the replicated state of `step`: overwritten with the
                                     source's when step is not the one agreed on */
     size_t           n_bufs;     /* same count and sizes on every rank */
