@@ -462,20 +462,24 @@ class Session:
     def regroup(self, why):
         """Regroups in place: the state, the optimizer's and the loader's position from the
         newest member. A member that took the parameters but not the rest cannot go on with a
-        mixed state: it fails (its agent counts a failure and starts a replacement)."""
+        mixed state: it regroups again holding none (step -1) and receives it all."""
         if not self.in_place:
             raise why
         t0 = time.monotonic()
+        stateless = False
         for attempt in range(_REGROUP_ATTEMPTS):
-            r = self.ctx.regroup(self.done if self.joined else 0, self.state_tensors(),
-                                 self.cursor)
+            step = -1 if stateless else (self.done if self.joined else 0)
+            r = self.ctx.regroup(step, self.state_tensors(), self.cursor)
             try:
                 self._after_regroup(r)
             except _status.Error as e:
-                if r.received or not _regroup_failure(e):
-                    raise RuntimeError("regroup.train: rank %d took the parameters of step "
-                                       "%d but not the optimizer's state: %s" % (
-                                           r.rank, r.step, e)) from e
+                if not _regroup_failure(e):
+                    raise
+                # A member that took the parameters but not the rest (the optimizer's state,
+                # the loader's position) holds no state now: it says so (step -1) and
+                # receives the whole state again in the next group. Before, it failed and its
+                # agent started a replacement.
+                stateless = stateless or r.received
                 continue
             if r.rank == 0:
                 print("regroup.train: regrouped at step %d: world size %d, round %d%s in "
