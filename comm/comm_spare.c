@@ -25,7 +25,7 @@
 
 struct rg_comm_spare {
     pthread_mutex_t mu;
-    pthread_cond_t  cv;          /* done set */
+    pthread_cond_t  cv;          /* done set; CLOCK_MONOTONIC, the clock of rg_deadline_t */
     int             size;        /* made for at most max(size, COMM_KEEPALIVE_MIN_EPS) ranks */
     bool            done;        /* the worker made, or its making failed */
     bool            abandoned;   /* the owner let it go while the thread ran */
@@ -86,7 +86,11 @@ rg_status_t rg_comm_spare_start(int size_hint, bool background, rg_comm_spare_t 
     }
     spare->size = size_hint;
     pthread_mutex_init(&spare->mu, NULL);
-    pthread_cond_init(&spare->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&spare->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (!background) {
         spare_make(spare);
         *spare_p = spare;
@@ -117,22 +121,11 @@ rg_status_t rg_comm_spare_start(int size_hint, bool background, rg_comm_spare_t 
 /* Waits for the thread until `until`, the mutex held; whether it ended. */
 static bool spare_wait(rg_comm_spare_t *spare, rg_deadline_t until)
 {
-    for (int guard = 0; !spare->done && guard < 1 << 20; guard++) {
-        uint64_t now = rg_now_ns();
-        if (now >= until) {
-            break;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t left = until - now;
-        ts.tv_sec += (time_t)(left / 1000000000u);
-        ts.tv_nsec += (long)(left % 1000000000u);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        int rc = pthread_cond_timedwait(&spare->cv, &spare->mu, &ts);
-        if (rc != 0 && rc != ETIMEDOUT && rc != EINTR) {
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+                          .tv_nsec = (long)(until % 1000000000ull)};
+    /* Each pass returns or waits until the deadline, so the loop ends by then. */
+    while (!spare->done) {
+        if (pthread_cond_timedwait(&spare->cv, &spare->mu, &ts) == ETIMEDOUT) {
             break;
         }
     }
@@ -157,6 +150,7 @@ bool comm_spare_take(rg_comm_spare_t *spare, int size, rg_deadline_t deadline,
     if (spare == NULL) {
         return false;
     }
+    bool taken = false;
     pthread_mutex_lock(&spare->mu);
     if (!spare_wait(spare, RG_MIN(deadline, rg_deadline_in_ms(COMM_SPARE_WAIT_MS)))) {
         rg_debug("the spare UCX worker is not made yet: the group makes its own");
@@ -172,8 +166,8 @@ bool comm_spare_take(rg_comm_spare_t *spare, int size, rg_deadline_t deadline,
         *cuda_p = spare->cuda;
         spare->ctx = NULL;
         spare->worker = NULL;
+        taken = true;
     }
-    bool taken = spare->done && spare->ctx == NULL && spare->status == RG_OK;
     spare_let_go(spare);
     return taken;
 }
