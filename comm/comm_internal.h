@@ -158,6 +158,7 @@ struct rg_comm {
     comm_scratch_t scratch[COMM_SCRATCH_KEPT]; /* large host scratch kept between requests */
     unsigned      passes;       /* progress passes, to check deadlines every few */
     bool          ucx_due;      /* a waiter gave its core away: run UCX in the next pass */
+    uint64_t      wait_ns;      /* the callers' time in rg_comm_req_wait (rg_comm_wait_ns) */
     unsigned      n_posted;     /* requests in the list */
     unsigned      n_posted_shm; /* of those, shared-memory ones */
     struct comm_shm *shm;       /* small collectives on one host (comm_shm.c), or NULL */

@@ -185,6 +185,10 @@ rg_status_t rg_comm_req_wait(rg_comm_req_t *req)
     if (req == NULL) {
         return rg_error(RG_EINVAL, "rg_comm_req_wait: NULL request");
     }
+    if (req->status != RG_INPROGRESS) {
+        return req->status < 0 ? rg_error(req->status, "%s", req->errmsg) : RG_OK;
+    }
+    uint64_t t0 = rg_now_ns();
     unsigned idle = 0;
     /* With more ranks than cores here, a waiting rank gives its core away at once (as MPI
      * does when oversubscribed): the peer it waits for may be the one that needs it. */
@@ -199,10 +203,16 @@ rg_status_t rg_comm_req_wait(rg_comm_req_t *req)
             req->comm->ucx_due = true;
         }
     }
+    req->comm->wait_ns += rg_now_ns() - t0;
     if (req->status < 0) {
         return rg_error(req->status, "%s", req->errmsg);
     }
     return RG_OK;
+}
+
+uint64_t rg_comm_wait_ns(const rg_comm_t *comm)
+{
+    return comm != NULL ? comm->wait_ns : 0;
 }
 
 void rg_comm_req_free(rg_comm_req_t *req)

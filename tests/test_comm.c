@@ -703,6 +703,39 @@ START_TEST(test_spare_worker)
 }
 END_TEST
 
+/* rg_comm_wait_ns: the time a rank spends blocked for a late peer is counted (rank 1 comes
+ * to the barrier 300 ms late, so rank 0 waits that long at least), and nothing outside the
+ * group's operations is. */
+static int wait_counter(rg_comm_t *comm, int rank, int size, void *arg)
+{
+    (void)size;
+    (void)arg;
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    uint64_t before = rg_comm_wait_ns(comm);
+    if (rank == 1) {
+        rg_sleep_ms(300);
+        if (rg_comm_wait_ns(comm) != before) {
+            FAIL("the counter moved outside the group's operations");
+        }
+    }
+    CHECK_RG(rg_comm_barrier(comm, NULL));
+    uint64_t waited = rg_comm_wait_ns(comm) - before;
+    if (rank == 0 && waited < 300000000ull) {
+        FAIL("rank 0 waited %.3f s for a peer 0.3 s late", (double)waited / 1e9);
+    }
+    if (rg_comm_wait_ns(NULL) != 0) {
+        FAIL("rg_comm_wait_ns(NULL) is not 0");
+    }
+    return 0;
+}
+
+START_TEST(test_wait_counter)
+{
+    comm_test_opts_t o = {.stop_rank = -1, .timeout_s = 60};
+    ck_assert_msg(comm_run(2, wait_counter, NULL, &o, NULL), "ranks failed (see stderr)");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("comm");
@@ -726,6 +759,7 @@ int main(void)
     tcase_add_loop_test(tc, test_large_ops, 0, 3);
     tcase_add_test(tc, test_large_ops_tcp_4);
     tcase_add_test(tc, test_spare_worker);
+    tcase_add_test(tc, test_wait_counter);
     suite_add_tcase(s, tc);
     return test_main("comm", s, NULL);
 }

@@ -192,6 +192,12 @@ int  rg_comm_failed_rank(const rg_comm_t *comm);
  * the network between the ranks is cut); RG_EPEER when a peer died, left or aborted. */
 rg_status_t rg_comm_fail_status(const rg_comm_t *comm);
 
+/* The nanoseconds callers have spent blocked in this group's operations so far
+ * (rg_comm_req_wait, and the blocking calls, which wait the same way): waiting for the
+ * peers and moving the data. Step time less this is the time a rank computes, which is how
+ * the worker API finds a rank slower than the others. 0 for NULL. */
+uint64_t rg_comm_wait_ns(const rg_comm_t *comm);
+
 /* Per-call options; NULL (or zeroed) means the defaults (the group's timeout, host memory). */
 typedef struct {
     rg_deadline_t deadline;      /* RG_DEADLINE_DEFAULT: timeout_ms from the call or post */
