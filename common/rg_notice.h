@@ -40,6 +40,11 @@
  * until its newcomers are ready, then the join; a node at the job's maximum size waits for
  * room within that), which bounds the newcomer's wait for its first round. */
 #define RG_NOTICE_JOIN_MS_ENV "REGROUP_INPLACE_JOIN_TIMEOUT_MS"
+/* --rdzv-conf=straggler_factor,straggler_window, to the workers (train/train_straggler.c):
+ * the factor and window a rank is named by, and "1" when a straggler's node is to leave. */
+#define RG_STRAGGLER_FACTOR_ENV "REGROUP_STRAGGLER_FACTOR"
+#define RG_STRAGGLER_WINDOW_ENV "REGROUP_STRAGGLER_WINDOW_MS"
+#define RG_STRAGGLER_EVICT_ENV  "REGROUP_STRAGGLER_EVICT"
 /* In an in-place job, the node copies of the workers' sharded tables (rg_train_table_t,
  * train/train_table.c owns their format): one memfd per local rank, made empty by the agent
  * and inherited by every worker of the node, named in local rank order by
@@ -158,6 +163,8 @@ typedef enum {
     RG_NOTICE_MSG_JOINED  = 'J',   /* this worker is in the group of the page's round */
     RG_NOTICE_MSG_REGROUP = 'G',   /* this worker's group failed with no member lost (a
                                       deadline passed): open the next round */
+    RG_NOTICE_MSG_STRAGGLER = 'S', /* this worker has been a straggler for the window:
+                                      take the node out of the job (as a preemption) */
 } rg_notice_msg_t;
 
 /* Sends msg for local_rank on $REGROUP_AGENT_PIPE_FD (never blocks; false if there is no

@@ -38,6 +38,8 @@
  * node; a failed commit leaves the step undone) and saves in checkpoints; in place the
  * regroup moves it to its new owners. Rank 0 gathers it at the end and checks it too
  * ("table=1", part of exact=1).
+ * --slow K makes this process do K times the work of --work per sample: a straggler (give
+ * it on one node's command line only: every rank started there is slow).
  * --join-delay-ms MS makes a newcomer (a replacement, a joining node's worker) take MS before
  * it joins, as a program that loads a model and its data would.
  * --pad-kb adds KB of pseudo-random bytes (sharded, checked when restored) to every
@@ -74,6 +76,7 @@ typedef struct {
     int64_t     seed;
     int64_t     ckpt_every;
     int64_t     work;
+    int64_t     slow;         /* --slow: this process does the work of --work that many times */
     int64_t     kill_at;
     int64_t     kill_rank;
     int64_t     kill_rank2;   /* a second rank killed with kill_rank, or -1 */
@@ -138,7 +141,7 @@ static int usage(const char *why)
 
 static int parse(int argc, char **argv, options_t *o)
 {
-    *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7,
+    *o = (options_t){.samples = 1000, .batch = 40, .epochs = 3, .dim = 16, .seed = 7, .slow = 1,
                      .ckpt_every = 5, .kill_at = -1, .kill_rank = 0, .kill_again = -1,
                      .kill_rank2 = -1, .forget_rank = -1};
     for (int i = 1; i < argc; i++) {
@@ -176,6 +179,8 @@ static int parse(int argc, char **argv, options_t *o)
             dst = &o->ckpt_every, lo = 1, hi = 1 << 20;
         } else if (strcmp(a, "--work") == 0) {
             dst = &o->work, lo = 0, hi = 1 << 20;
+        } else if (strcmp(a, "--slow") == 0) {
+            dst = &o->slow, lo = 1, hi = 1000;
         } else if (strcmp(a, "--kill-at") == 0) {
             dst = &o->kill_at;
         } else if (strcmp(a, "--kill-again") == 0) {
@@ -711,7 +716,7 @@ static rg_status_t run(rg_train_ctx_t *ctx, const options_t *o)
         }
         memset(local, 0, sizeof(int64_t) * (size_t)o->dim);
         for (size_t i = 0; i < n; i++) {
-            busy_work(o->work, ids[i]);
+            busy_work(o->work * o->slow, ids[i]);
             for (int64_t k = 0; k < o->dim; k++) {
                 local[k] += contribution(o, cur.epoch, ids[i], (uint64_t)k);
             }

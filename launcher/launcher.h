@@ -54,7 +54,8 @@ typedef enum {
     RG_AGENT_NNODES, RG_AGENT_NPROC, RG_AGENT_BACKEND, RG_AGENT_ENDPOINT, RG_AGENT_JOB,
     RG_AGENT_LAST_CALL, RG_AGENT_JOIN_TIMEOUT, RG_AGENT_LEASE_TTL, RG_AGENT_MAX_RESTARTS,
     RG_AGENT_RECOVERY,
-    RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
+    RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_STRAGGLER_FACTOR, RG_AGENT_STRAGGLER_WINDOW,
+    RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
     RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
     RG_AGENT_PRELOAD, RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
@@ -119,6 +120,11 @@ typedef struct {
     rg_agent_recovery_t recovery;   /* restart (default) or in-place */
     int64_t     monitor_ms;         /* longest sleep without looking, 0.001..3600 s */
     int64_t     grace_ms;           /* SIGTERM to SIGKILL when stopping workers, 0..3600 s */
+    double      straggler_factor;   /* in place: a node whose rank computes more than this
+                                     * times the others' median for straggler_window_ms is
+                                     * asked to leave (train/train_straggler.c); 0 = off, else
+                                     * 1.1..1000 */
+    int64_t     straggler_window_ms;/* 1..86400 s; 30 s */
     int64_t     hang_ms;            /* a worker of the worker API whose heartbeat (rg_beat.h)
                                      * is older than this is hung: killed, a failure; 0 = off,
                                      * else 0.2..3600 s */
@@ -402,6 +408,8 @@ typedef struct {
     bool  ready_seen;                       /* a replacement became ready */
     bool  regroup_asked;                    /* a worker's group failed with no member lost:
                                                it asked for the next round */
+    int   straggler_lr;                     /* the local rank that said it is a straggler
+                                               (RG_NOTICE_MSG_STRAGGLER), or -1 */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
     int64_t term_end_ms;                    /* SIGTERM came while this node rejoined: it
                                                leaves once in the round (its workers take

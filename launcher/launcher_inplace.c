@@ -103,6 +103,7 @@ rg_status_t launcher_inplace_open(launcher_inplace_t *ip, const rg_agent_params_
 
     memset(ip, 0, sizeof(*ip));
     ip->pipe_r = ip->pipe_w = -1;
+    ip->straggler_lr = -1;
     ip->enabled = cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE;
     if (!ip->enabled) {
         return RG_OK;
@@ -146,6 +147,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
     ip->restart_asked = false;
     ip->ready_seen = false;
     ip->regroup_asked = false;
+    ip->straggler_lr = -1;
     /* What the stopped workers wrote is about them, not about the new ones. */
     for (int k = 0; k < 64 && ip->pipe_r >= 0 && read(ip->pipe_r, buf, sizeof(buf)) > 0; k++) {
     }
@@ -184,6 +186,10 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
                     rg_info("local rank %d (pid %d): its group failed with no member lost; "
                             "asking for the next round", lr, (int)ws->w[lr].pid);
                     ip->regroup_asked = true;
+                }
+            } else if (msg == RG_NOTICE_MSG_STRAGGLER) {
+                if (ip->state[lr] == INPLACE_IN_ROUND && ip->straggler_lr < 0) {
+                    ip->straggler_lr = lr;
                 }
             } else if (msg == RG_NOTICE_MSG_READY) {
                 if (ip->state[lr] == INPLACE_PENDING) {

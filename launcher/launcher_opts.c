@@ -6,6 +6,7 @@
 #include "launcher.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -108,7 +109,10 @@ void launcher_usage(FILE *out)
 "  --rdzv-conf=k=v,...       last_call_timeout, join_timeout, lease_ttl, hang_timeout\n"
 "                            (seconds; hang_timeout 0 = off, default 1), user,\n"
 "                            password or password_file (a file of one line that other\n"
-"                            users cannot read), cacert, cert, key, grace_period\n"
+"                            users cannot read), cacert, cert, key, grace_period,\n"
+"                            straggler_factor=F (in place: a node whose rank computes\n"
+"                            more than F x the others' median for straggler_window\n"
+"                            seconds, default 30, leaves as if preempted; default off)\n"
 "  --standalone              run a private etcd for a single-node job\n"
 "  --max-restarts=N          worker failures tolerated before the job fails (default 0)\n"
 "  --recovery=restart|in-place  restart: stop every worker and restart from the last\n"
@@ -243,6 +247,15 @@ static int parse_rdzv_conf(rg_agent_params_t *p, const char *conf, const char *s
         } else if (strcmp(kv, "hang_timeout") == 0) {
             f = RG_AGENT_HANG;
             ok = parse_seconds(v, &p->hang_ms);
+        } else if (strcmp(kv, "straggler_factor") == 0) {
+            char *end;
+            f = RG_AGENT_STRAGGLER_FACTOR;
+            errno = 0;
+            p->straggler_factor = strtod(v, &end);
+            ok = errno == 0 && end != v && *end == '\0' && isfinite(p->straggler_factor);
+        } else if (strcmp(kv, "straggler_window") == 0) {
+            f = RG_AGENT_STRAGGLER_WINDOW;
+            ok = parse_seconds(v, &p->straggler_window_ms);
         } else if (strcmp(kv, "grace_period") == 0) {
             f = RG_AGENT_GRACE;
             ok = parse_seconds(v, &p->grace_ms);
@@ -274,9 +287,10 @@ static int parse_rdzv_conf(rg_agent_params_t *p, const char *conf, const char *s
             return conf_bad(src, kv, "unknown key");
         }
         if (!ok) {
-            return conf_bad(src, kv, f == RG_AGENT_LEASE_TTL ? "expected whole seconds"
-                                        : f <= RG_AGENT_GRACE  ? "expected seconds"
-                                                               : "too long");
+            return conf_bad(src, kv, f == RG_AGENT_LEASE_TTL          ? "expected whole seconds"
+                                        : f == RG_AGENT_STRAGGLER_FACTOR ? "expected a number"
+                                        : f <= RG_AGENT_GRACE            ? "expected seconds"
+                                                                         : "too long");
         }
         p->from[f] = src;
     }

@@ -33,6 +33,10 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_RECOVERY] = {"recovery", "recovery", NULL, K_STR, true},
     [RG_AGENT_MONITOR] = {"monitor_interval", "monitor-interval", NULL, K_MS, true},
     [RG_AGENT_HANG] = {"hang_timeout", "rdzv-conf", "hang_timeout", K_MS, true},
+    [RG_AGENT_STRAGGLER_FACTOR] = {"straggler_factor", "rdzv-conf", "straggler_factor", K_INT,
+                                   true},
+    [RG_AGENT_STRAGGLER_WINDOW] = {"straggler_window", "rdzv-conf", "straggler_window", K_MS,
+                                   true},
     [RG_AGENT_GRACE] = {"grace_period", "grace-period", "grace_period", K_MS, true},
     [RG_AGENT_ROLE] = {"role", "role", NULL, K_STR, true},
     [RG_AGENT_LOG_DIR] = {"log_dir", "log-dir", NULL, K_STR, true},
@@ -67,6 +71,7 @@ void rg_agent_params_init(rg_agent_params_t *p)
     p->monitor_ms = 1000;
     p->grace_ms = 5000;
     p->hang_ms = 1000;
+    p->straggler_window_ms = 30000;
     snprintf(p->role, sizeof(p->role), "default");
 }
 
@@ -77,6 +82,7 @@ static int64_t ms_of(const rg_agent_params_t *p, rg_agent_field_t f)
     case RG_AGENT_JOIN_TIMEOUT: return p->join_timeout_ms;
     case RG_AGENT_MONITOR: return p->monitor_ms;
     case RG_AGENT_HANG: return p->hang_ms;
+    case RG_AGENT_STRAGGLER_WINDOW: return p->straggler_window_ms;
     default: return p->grace_ms;
     }
 }
@@ -168,7 +174,15 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_JOIN_TIMEOUT:
     case RG_AGENT_MONITOR:
     case RG_AGENT_HANG:
+    case RG_AGENT_STRAGGLER_WINDOW:
     case RG_AGENT_GRACE: snprintf(buf, len, "%g", (double)ms_of(p, f) / 1000); break;
+    case RG_AGENT_STRAGGLER_FACTOR:
+        if (p->straggler_factor == 0) {
+            snprintf(buf, len, "0 (off)");
+        } else {
+            snprintf(buf, len, "%g", p->straggler_factor);
+        }
+        break;
     case RG_AGENT_BACKEND:
         snprintf(buf, len, "%s", p->backend == RG_AGENT_BACKEND_C10D ? "c10d" : "etcd");
         break;
@@ -290,6 +304,18 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
     }
     if (p->hang_ms != 0 && (p->hang_ms < 200 || p->hang_ms > 3600000)) {
         return BAD(RG_AGENT_HANG, "expected 0 (off) or seconds in 0.2..3600");
+    }
+    if (p->straggler_factor != 0 &&
+        !(p->straggler_factor >= 1.1 && p->straggler_factor <= 1000)) {
+        return BAD(RG_AGENT_STRAGGLER_FACTOR, "expected 0 (off) or a factor in 1.1..1000");
+    }
+    if (p->straggler_factor != 0 && p->recovery != RG_AGENT_RECOVERY_IN_PLACE) {
+        return BAD(RG_AGENT_STRAGGLER_FACTOR, "a straggler's node leaves as a preempted one "
+                   "does and the job regroups in place without it: it needs "
+                   "--recovery=in-place");
+    }
+    if (p->straggler_window_ms < 1000 || p->straggler_window_ms > 86400000) {
+        return BAD(RG_AGENT_STRAGGLER_WINDOW, "expected seconds in 1..86400");
     }
     if (p->grace_ms < 0 || p->grace_ms > 3600000) {
         return BAD(RG_AGENT_GRACE, "expected seconds in 0..3600");

@@ -144,6 +144,12 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
      * source) cannot tell a worker of a restart job that it recovers in place. */
     env_add(e, "REGROUP_RECOVERY", "%s",
             cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE ? "in-place" : "restart");
+    /* How the workers name a straggler, and (in place) whether its node leaves. */
+    env_add(e, RG_STRAGGLER_WINDOW_ENV, "%lld", (long long)cfg->straggler_window_ms);
+    if (cfg->straggler_factor > 0) {
+        env_add(e, RG_STRAGGLER_FACTOR_ENV, "%g", cfg->straggler_factor);
+        env_add(e, RG_STRAGGLER_EVICT_ENV, "1");
+    }
     if (cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
         if (sp->pipe_fd >= 0) {
             env_add(e, RG_NOTICE_PIPE_ENV, "%d", sp->pipe_fd);

@@ -187,14 +187,20 @@ rg_status_t rdzv_rec_failure_decode(const char *v, size_t len, rdzv_failure_rec_
 /* Frees what the decoder allocated; accepts a zeroed or encoder-filled record. */
 void rdzv_rec_failure_cleanup(rdzv_failure_rec_t *f);
 
-/* status/progress/<rank>: {"step","epoch","round","time","metrics":{name: value...}}.
- * Metric names are 1-64 characters of [A-Za-z0-9_.-] (the encoder refuses others); a value
- * that is not finite is written as null and decodes as NaN. */
+/* status/progress/<rank>: {"step","epoch","round","time","metrics":{name: value...}} and,
+ * once the rank's compute share is measured (train/train_straggler.c), "compute" (its share
+ * of the step), "slow" (that over the other ranks' median) and, while it is a straggler,
+ * "slow_s" (for how long). Metric names are 1-64 characters of [A-Za-z0-9_.-] (the encoder
+ * refuses others); a value that is not finite is written as null and decodes as NaN. */
 typedef struct {
     int64_t step;
     int64_t epoch;
     int     round;
     double  time;           /* wall seconds */
+    bool    measured;       /* compute is known (else it, slow and slow_s are not said) */
+    double  compute;        /* 0..1 */
+    double  slow;           /* compute over the others' median; 0: not known */
+    double  slow_s;         /* seconds a straggler; 0: none */
     size_t  n_metrics;
     struct {
         char   name[RDZV_METRIC_NAME_MAX + 1];

@@ -458,7 +458,19 @@ rg_status_t rdzv_rec_progress_encode(const rdzv_progress_rec_t *p, char *buf, si
         }
     }
     if (st == RG_OK) {
-        st = rg_dbuf_printf(&b, "}}");
+        st = rg_dbuf_printf(&b, "}");
+    }
+    if (st == RG_OK && p->measured && p->compute >= 0 && p->compute <= 1) {
+        st = rg_dbuf_printf(&b, ",\"compute\":%.3f", p->compute);
+        if (st == RG_OK && p->slow > 0 && isfinite(p->slow)) {
+            st = rg_dbuf_printf(&b, ",\"slow\":%.2f", p->slow);
+        }
+        if (st == RG_OK && p->slow_s > 0 && isfinite(p->slow_s)) {
+            st = rg_dbuf_printf(&b, ",\"slow_s\":%.1f", p->slow_s);
+        }
+    }
+    if (st == RG_OK) {
+        st = rg_dbuf_printf(&b, "}");
     }
     if (st == RG_OK) {
         memcpy(buf, b.data, b.len + 1);
@@ -490,6 +502,16 @@ rg_status_t rdzv_rec_progress_decode(const char *v, size_t len, rdzv_progress_re
          get_i64(j, "epoch", INT64_MIN, INT64_MAX, &p->epoch) &&
          get_int(j, "round", 0, RDZV_ROUND_MAX, &p->round) && get_real(j, "time", &p->time) &&
          json_is_object(metrics) && json_object_size(metrics) <= RDZV_PROGRESS_METRICS;
+    if (ok && json_object_get(j, "compute") != NULL) {
+        p->measured = true;
+        ok = get_real(j, "compute", &p->compute) && p->compute >= 0 && p->compute <= 1;
+    }
+    if (ok && json_object_get(j, "slow") != NULL) {
+        ok = get_real(j, "slow", &p->slow) && p->slow >= 0;
+    }
+    if (ok && json_object_get(j, "slow_s") != NULL) {
+        ok = get_real(j, "slow_s", &p->slow_s) && p->slow_s >= 0;
+    }
     json_object_foreach(metrics, name, value) {
         if (!ok) {
             break;

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static void print_progress(rg_etcd_t *c, const rdzv_keys_t *keys, FILE *out)
+static void print_progress(rg_etcd_t *c, const rdzv_keys_t *keys, int64_t round, FILE *out)
 {
     char key[RDZV_KEY_MAX];
     rg_etcd_range_t r;
@@ -25,6 +25,19 @@ static void print_progress(rg_etcd_t *c, const rdzv_keys_t *keys, FILE *out)
     for (size_t i = 0; i < r.n_kvs; i++) {
         const char *rank = rdzv_keys_tail(r.kvs[i].key, key);
         fprintf(out, "  rank %-4s %s\n", rank ? rank : "?", r.kvs[i].value);
+    }
+    /* The ranks of the current round that said they are stragglers
+     * (train/train_straggler.c), with their figures: a record of an older round is of a
+     * group that is no more. */
+    for (size_t i = 0; i < r.n_kvs; i++) {
+        const char *rank = rdzv_keys_tail(r.kvs[i].key, key);
+        rdzv_progress_rec_t p;
+        if (rdzv_rec_progress_decode(r.kvs[i].value, r.kvs[i].value_len, &p) == RG_OK &&
+            p.measured && p.slow_s > 0 && p.round == round) {
+            fprintf(out, "straggler: rank %s computes %.0f%% of its step time, %.1fx the "
+                    "other ranks' median, for %.0f s (round %d)\n", rank ? rank : "?",
+                    100 * p.compute, p.slow, p.slow_s, p.round);
+        }
     }
     rg_etcd_range_cleanup(&r);
 }
@@ -278,7 +291,7 @@ rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job
     } else {
         fprintf(out, "last committed checkpoint: none\n");
     }
-    print_progress(c, &keys, out);
+    print_progress(c, &keys, round, out);
     rg_etcd_destroy(c);
     return RG_OK;
 }

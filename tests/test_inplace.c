@@ -30,6 +30,7 @@ static char ckpt[300];
 static test_etcd_t etcd;
 static const char *node_state_kb = "0";   /* rg-exact's --state-kb on start_node's nodes */
 static const char *node_epochs = "8";     /* and its --epochs (at most) */
+static const char *node_slow = "1";       /* and its --slow (a straggler: more) */
 static char stop_path[400];                /* and its --stop-file */
 
 static void setup(void)
@@ -541,7 +542,8 @@ static pid_t start_node(const char *name, const char *nnodes, const char *nproc,
     char *argv[] = {REGROUP_BIN, ep_arg, "--rdzv-id=job", (char *)nnodes, (char *)nproc,
                     "--max-restarts=3", "--recovery=in-place", (char *)conf, RG_EXACT_BIN,
                     "--epochs", (char *)node_epochs, "--work", "400000", "--table-rows", "1000",
-                    "--state-kb", (char *)node_state_kb, "--stop-file", stop_path, NULL};
+                    "--state-kb", (char *)node_state_kb, "--stop-file", stop_path,
+                    "--slow", (char *)node_slow, NULL};
     return test_spawn_logged(dir, name, argv);
 }
 
@@ -902,6 +904,47 @@ START_TEST(test_inplace_preemption)
 }
 END_TEST
 
+/* A node whose worker does 6 times the others' work: `regroup status` names its rank, rank
+ * 0's log too (the slow rank's own says it asks to leave), and once it has been slow for the window (4 s) its node leaves as a preempted
+ * one does; the other finishes exactly, in place, without it. */
+START_TEST(test_inplace_straggler_leaves)
+{
+    const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8,"
+                       "straggler_factor=2,straggler_window=4";
+    char path[400];
+    job_etcd();
+    pid_t a = start_node("a", "--nnodes=1:2", "--nproc-per-node=1", conf);
+    node_slow = "6";
+    pid_t b = start_node("b", "--nnodes=1:2", "--nproc-per-node=1", conf);
+    node_slow = "1";
+    wait_training();
+    char *status_argv[] = {REGROUP_BIN, "status", ep_arg, "--rdzv-id=job", NULL};
+    test_log_path(dir, "status", path, sizeof(path));
+    /* Named while it is slow (from a second after it is first found, until it leaves). */
+    TEST_WAIT_UNTIL(test_run(status_argv, path, 30000) == 0 &&
+                        test_log_has(dir, "status", "straggler: rank "),
+                    30000, "regroup status did not name a straggler");
+    test_expect_exit(b, 60000, 0);
+    ck_assert_msg(test_log_has(dir, "b", "this node left the job (straggler: local rank 0"),
+                  "node b did not leave as a straggler");
+    /* (Rank 0 is on either node.) */
+    ck_assert_msg(test_log_has(dir, "a", "straggler: rank ") ||
+                      test_log_has(dir, "b", "straggler: rank "),
+                  "rank 0 did not log the straggler");
+    ck_assert_msg(test_log_has(dir, "b", "straggler: this rank"),
+                  "the straggler was not node b's rank");
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
+                    "node a did not regroup without node b");
+    test_end_training(dir);
+    test_expect_exit(a, 120000, 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=1"),
+                  "the job did not finish exactly at world size 1");
+    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
+                  "a worker failure was reported for a straggler's leaving");
+}
+END_TEST
+
 /* The step of the last checkpoint that rank 0 said it committed before a node left ("left at
  * step N: checkpoint committed" on the leaving node, "a node leaves at step N: last checkpoint
  * committed" on one that stays), or -1. */
@@ -1184,5 +1227,10 @@ int main(void)
     tcase_add_test(tx, test_inplace_joining_newcomer_killed_mid_transfer);
     tcase_add_test(tx, test_inplace_transfer_outlasts_the_group_timeout);
     suite_add_tcase(s, tx);
+    TCase *ts = tcase_create("straggler");
+    tcase_add_checked_fixture(ts, setup, teardown);
+    tcase_set_timeout(ts, 200);
+    tcase_add_test(ts, test_inplace_straggler_leaves);
+    suite_add_tcase(s, ts);
     return test_main("test_inplace", s, NULL);
 }

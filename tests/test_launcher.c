@@ -990,6 +990,17 @@ START_TEST(test_bad_options)
     ck_assert_int_eq(run_bad("--standalone", "--nnodes=2", "--standalone"), 2);
     ck_assert_int_eq(run_bad("--tee=0:4", "--standalone", "--tee=0:4: expected 0 (none)"), 2);
     ck_assert_int_eq(run_bad("-r", "0:1,", "--redirects=0:1,: expected"), 2);
+    /* Stragglers: a factor, a window, and eviction only in place. */
+    ck_assert_int_eq(run_bad("--rdzv-conf=straggler_factor=2", "--standalone",
+                             "straggler_factor=2: a straggler's node leaves as a preempted "
+                             "one does"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-conf=straggler_factor=1", "--recovery=in-place",
+                             "straggler_factor=1: expected 0 (off) or a factor in 1.1..1000"),
+                     2);
+    ck_assert_int_eq(run_bad("--rdzv-conf=straggler_factor=fast", "--recovery=in-place",
+                             "straggler_factor: expected a number"), 2);
+    ck_assert_int_eq(run_bad("--rdzv-conf=straggler_window=0.5", "--standalone",
+                             "straggler_window=0.5: expected seconds in 1..86400"), 2);
 }
 END_TEST
 

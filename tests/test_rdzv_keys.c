@@ -421,9 +421,27 @@ START_TEST(test_progress_record)
     ck_assert_str_eq(d->metrics[1].name, "acc.top-1");
     ck_assert(d->metrics[1].value == 91.5);
     ck_assert(isnan(d->metrics[2].value));
+    ck_assert(!d->measured);
     for (size_t len = 0; len < strlen(text); len++) {
         ck_assert_int_eq(rdzv_rec_progress_decode(text, len, d), RG_EPROTO);
     }
+    /* The straggler figures: said once measured, slow_s only while slow. */
+    p.measured = true;
+    p.compute = 0.8234;
+    p.slow = 4.126;
+    CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
+    ck_assert_msg(strstr(text, "null},\"compute\":0.823,\"slow\":4.13}") != NULL, "%s", text);
+    p.slow_s = 12.04;
+    CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
+    ck_assert_msg(strstr(text, ",\"compute\":0.823,\"slow\":4.13,\"slow_s\":12.0}") != NULL,
+                  "%s", text);
+    CK_OK(rdzv_rec_progress_decode(text, strlen(text), d));
+    ck_assert(d->measured);
+    ck_assert(fabs(d->compute - 0.823) < 1e-9 && fabs(d->slow - 4.13) < 1e-9 &&
+              fabs(d->slow_s - 12.0) < 1e-9);
+    p.compute = 1.5;   /* not a share: not said */
+    CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
+    ck_assert_msg(strstr(text, "compute") == NULL, "%s", text);
     /* Too small a buffer, a bad name, too many metrics: refused. */
     ck_assert_int_eq(rdzv_rec_progress_encode(&p, text, 40), RG_EINVAL);
     snprintf(p.metrics[0].name, sizeof(p.metrics[0].name), "a\"b");
@@ -439,6 +457,9 @@ START_TEST(test_progress_record)
         p.metrics[i].name[0] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefgh"[i];
         p.metrics[i].value = -1.234567e-300;
     }
+    p.compute = 0.999;
+    p.slow = 1000;
+    p.slow_s = 86400;
     CK_OK(rdzv_rec_progress_encode(&p, text, sizeof(text)));
     CK_OK(rdzv_rec_progress_decode(text, strlen(text), d));
     ck_assert_uint_eq(d->n_metrics, RDZV_PROGRESS_METRICS);
@@ -450,6 +471,10 @@ START_TEST(test_progress_record)
         "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{\"a b\":1}}",
         "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{\"a\":\"1\"}}",
         "{\"step\":1,\"epoch\":0,\"time\":1,\"metrics\":{}}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{},\"compute\":1.5}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{},\"compute\":0.5,"
+        "\"slow\":-1}",
+        "{\"step\":1,\"epoch\":0,\"round\":0,\"time\":1,\"metrics\":{},\"slow_s\":\"2\"}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_msg(rdzv_rec_progress_decode(bad[i], strlen(bad[i]), d) == RG_EPROTO, "%s",

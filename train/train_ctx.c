@@ -89,6 +89,7 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     ctx->world = env->params.size;
     ctx->round = (int)env->round;
     ctx->fenced_round = -1;
+    train_straggler_init(&ctx->straggler);
     snprintf(ctx->job, sizeof(ctx->job), "%s", env->job_id);
     rg_log_set_identity(ctx->rank, ctx->round);
     st = rdzv_keys_init(&ctx->keys, ctx->job);
@@ -323,7 +324,12 @@ static void publish_progress(rg_train_ctx_t *ctx, const rg_report_t *r)
     char key[RDZV_KEY_MAX];
     char val[4096];
     rdzv_progress_rec_t p = {.step = r->step, .epoch = r->epoch, .round = ctx->round,
-                             .time = rg_wall_s(), .n_metrics = r->n_metrics};
+                             .time = rg_wall_s(), .n_metrics = r->n_metrics,
+                             .measured = ctx->straggler.round == ctx->round &&
+                                         ctx->straggler.share >= 0,
+                             .compute = ctx->straggler.share,
+                             .slow = RG_MAX(ctx->straggler.ratio, 0.0),
+                             .slow_s = ctx->straggler.slow_s};
     rg_status_t st;
 
     for (size_t i = 0; i < r->n_metrics; i++) {   /* names checked by rg_report: they fit */
@@ -379,7 +385,8 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
 {
     rg_notice_snap_t snap;
     rg_notice_assign_t a;
-    int64_t v[4] = {0, 0, INT64_MIN, 0};   /* preempt, members, -(ms left), a newer round */
+    /* preempt, members, -(ms left), a newer round, the stragglers' exchange is due */
+    int64_t v[5] = {0, 0, INT64_MIN, 0, 0};
     unsigned own = 0;
     rg_status_t st;
 
@@ -400,9 +407,16 @@ static rg_status_t agree_notice(rg_train_ctx_t *ctx)
         ctx->local_rank < a.n && a.rank[ctx->local_rank] >= 0) {
         v[3] = 1;   /* this rank's agent is in a newer round already */
     }
-    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 4, RG_DTYPE_I64, RG_OP_MAX, NULL);
+    v[4] = train_straggler_sample(ctx);
+    st = rg_comm_allreduce(ctx->comm, RG_COMM_IN_PLACE, v, 5, RG_DTYPE_I64, RG_OP_MAX, NULL);
     if (st != RG_OK) {
         return st;
+    }
+    if (v[4] && !v[0] && !v[1] && !v[3]) {   /* (the same on every rank) */
+        st = train_straggler_exchange(ctx);
+        if (st != RG_OK) {
+            return st;
+        }
     }
     if (v[3]) {
         /* Some agent moved to a newer round: the job's writes from this one are fenced, so a

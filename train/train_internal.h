@@ -18,6 +18,36 @@
 
 #define TRAIN_RETIRED_MAX 4   /* old checkpointers kept while their last save finishes */
 
+/* train_straggler.c: this rank's compute share of the step, and the group's stragglers. */
+typedef struct {
+    double     factor;         /* slow: share over factor x the others' median */
+    int64_t    window_ms;      /* slow this long: the node is asked to leave (evict) */
+    bool       evict;
+    int        round;          /* the figures are of this round's group */
+    const void *comm;          /*   and of this group (its wait counter) */
+    uint64_t   prev_ns;        /* the last step boundary, 0: none yet in this group */
+    uint64_t   prev_wait_ns;   /* rg_comm_wait_ns then */
+    uint64_t   step_ns;        /* since the last exchange: the steps' time */
+    uint64_t   busy_ns;        /*   and the part of it outside the group's operations */
+    uint64_t   tick_ns;        /* the last exchange (rank 0's decides when the next is) */
+    double     share;          /* at the last exchange: busy / step, -1 unknown */
+    double     ratio;          /*   over the others' median, -1 unknown */
+    double     slow_s;         /*   seconds this rank has been slow, 0 not slow */
+    uint64_t   slow_since_ns;
+    bool       asked;          /* a rank of this group was asked out: no other */
+    uint64_t   logged_ns;      /* rank 0's last straggler line, and its rank */
+    int        logged_rank;
+} train_straggler_t;
+
+/* Reads the agent's settings ($REGROUP_STRAGGLER_*). */
+void train_straggler_init(train_straggler_t *s);
+/* At each step boundary, before the agreement: adds the step since the last one; true on
+ * rank 0 when an exchange is due (the agreement carries that to every rank). */
+bool train_straggler_sample(rg_train_ctx_t *ctx);
+/* Collective (when the agreement said so): the exchange, the log line, the eviction. The
+ * group's errors, RG_ENOMEM. */
+rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx) RG_NODISCARD;
+
 /* train_progress.c: the thread that writes the worker's progress records. */
 typedef struct train_progress train_progress_t;
 
@@ -71,6 +101,7 @@ struct rg_train_ctx {
     } retired[TRAIN_RETIRED_MAX];
     int              n_retired;
     bool             table_made;     /* rg_train_table_create was called (one per worker) */
+    train_straggler_t straggler;     /* train_straggler.c */
 };
 
 /* train_progress.c. Starts the thread, with an etcd client of params of its own. */

@@ -1,0 +1,236 @@
+/*
+ * Stragglers: a rank that computes for longer than the others in every step.
+ *
+ * In synchronous data parallel training the slowest rank sets every rank's pace: the others
+ * wait for it in each collective, so step time alone tells nothing. What differs is the time
+ * each rank spends outside the group's operations: its compute share of the step,
+ *     share = (step time - time blocked in the group, rg_comm_wait_ns) / step time,
+ * summed over the steps since the last exchange (about a second). A rank throttled to a
+ * quarter of a core has a share near 1, the ranks that wait for it about a quarter of that.
+ *
+ * Once a second (rank 0's clock, carried by the step boundary's agreement) every rank
+ * allgathers {share, seconds it has been slow}. A rank is slow when its share is over
+ * factor x the median of the others' and over it by STRAGGLER_MIN_EXCESS of the step (so
+ * that a job whose ranks hardly compute does not name one for noise). Every rank computes
+ * the same from the same figures:
+ *   - each rank puts its share, its ratio and how long it has been slow into its progress
+ *     record (`regroup status` names it); rank 0 logs a slow rank when it is first seen and
+ *     then once a window;
+ *   - with eviction on (`--rdzv-conf=straggler_factor=F`: the agent sets
+ *     REGROUP_STRAGGLER_EVICT), the slowest rank among those slow for the whole window asks
+ *     its agent to leave (RG_NOTICE_MSG_STRAGGLER): the node goes as a preempted one does,
+ *     and the job regroups in place without it. One rank per group at most: the group that
+ *     follows starts a new window.
+ */
+#include "train_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STRAGGLER_TICK_MS        1000    /* between two exchanges */
+#define STRAGGLER_MIN_EXCESS     0.10    /* of the step: less is not worth naming */
+#define STRAGGLER_MEDIAN_FLOOR   0.01    /* the others' share below which ratios saturate */
+#define STRAGGLER_FACTOR_DEFAULT 2.0
+#define STRAGGLER_WINDOW_DEFAULT 30000   /* ms */
+
+static double env_double(const char *name, double lo, double hi, double dflt)
+{
+    const char *s = getenv(name);
+    char *end;
+    if (s == NULL || *s == '\0') {
+        return dflt;
+    }
+    double v = strtod(s, &end);
+    if (*end != '\0' || !(v >= lo && v <= hi)) {
+        rg_warn("%s=%s: expected a number in %g..%g; using %g", name, s, lo, hi, dflt);
+        return dflt;
+    }
+    return v;
+}
+
+void train_straggler_init(train_straggler_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->factor = env_double(RG_STRAGGLER_FACTOR_ENV, 1.0, 1000.0, STRAGGLER_FACTOR_DEFAULT);
+    s->window_ms = (int64_t)env_double(RG_STRAGGLER_WINDOW_ENV, 1000.0, 86400000.0,
+                                       STRAGGLER_WINDOW_DEFAULT);
+    const char *ev = getenv(RG_STRAGGLER_EVICT_ENV);
+    s->evict = ev != NULL && strcmp(ev, "1") == 0;
+    s->share = -1;
+    s->ratio = -1;
+    s->round = -1;
+}
+
+/* A new group: nothing measured in it yet. */
+static void straggler_reset(train_straggler_t *s, const rg_train_ctx_t *ctx, uint64_t now)
+{
+    s->round = ctx->round;
+    s->comm = ctx->comm;
+    s->prev_ns = 0;
+    s->step_ns = s->busy_ns = 0;
+    s->tick_ns = now;
+    s->share = s->ratio = -1;
+    s->slow_s = 0;
+    s->slow_since_ns = 0;
+    s->asked = false;
+    s->logged_ns = 0;
+    s->logged_rank = -1;
+}
+
+bool train_straggler_sample(rg_train_ctx_t *ctx)
+{
+    train_straggler_t *s = &ctx->straggler;
+    uint64_t now = rg_now_ns();
+    uint64_t wait = rg_comm_wait_ns(ctx->comm);
+
+    if (s->round != ctx->round || s->comm != ctx->comm) {
+        straggler_reset(s, ctx, now);
+    }
+    if (s->prev_ns != 0 && wait >= s->prev_wait_ns) {
+        uint64_t step = now - s->prev_ns;
+        uint64_t waited = wait - s->prev_wait_ns;
+        s->step_ns += step;
+        s->busy_ns += waited < step ? step - waited : 0;
+    }
+    s->prev_ns = now;
+    s->prev_wait_ns = wait;
+    return ctx->rank == 0 && ctx->world > 1 &&
+           now - s->tick_ns >= (uint64_t)STRAGGLER_TICK_MS * 1000000ull;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a;
+    double y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of sorted[0..n) without one element equal to v (which is in it). */
+static double median_without(const double *sorted, size_t n, double v)
+{
+    size_t lo = 0;
+    size_t hi = n;
+    while (lo < hi) {   /* the first element >= v */
+        size_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] < v) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    size_t p = lo;
+    size_t m = n - 1;
+#define AT(i) sorted[(i) < p ? (i) : (i) + 1]
+    double med = m % 2 ? AT(m / 2) : (AT(m / 2 - 1) + AT(m / 2)) / 2;
+#undef AT
+    return med;
+}
+
+/* Rank r's ratio to the others' median, and whether it is slow; -1 when unknown. */
+static double ratio_of(const train_straggler_t *s, const double *sorted, size_t n, double share,
+                       bool *slow)
+{
+    *slow = false;
+    if (share < 0 || n < 2) {
+        return -1;
+    }
+    double med = median_without(sorted, n, share);
+    double ratio = share / (med > STRAGGLER_MEDIAN_FLOOR ? med : STRAGGLER_MEDIAN_FLOOR);
+    *slow = ratio > s->factor && share - med >= STRAGGLER_MIN_EXCESS;
+    return ratio;
+}
+
+rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx)
+{
+    train_straggler_t *s = &ctx->straggler;
+    uint64_t now = rg_now_ns();
+    int n = ctx->world;
+    double mine[2];
+    double *all = NULL;
+    double *sorted = NULL;
+    rg_status_t st;
+
+    mine[0] = s->step_ns > 0 ? (double)s->busy_ns / (double)s->step_ns : -1;
+    mine[1] = s->slow_s;
+    s->step_ns = s->busy_ns = 0;
+    s->tick_ns = now;
+    all = malloc(sizeof(double) * 3 * (size_t)n);
+    if (all == NULL) {
+        /* (The other ranks then wait for this one until the group's timeout and regroup.) */
+        return rg_error(RG_ENOMEM, "straggler figures of %d ranks", n);
+    }
+    sorted = all + 2 * n;
+    st = rg_comm_allgather(ctx->comm, mine, all, 2, RG_DTYPE_F64, NULL);
+    if (st != RG_OK) {
+        free(all);
+        return st;
+    }
+    size_t known = 0;
+    for (int r = 0; r < n; r++) {
+        if (all[2 * r] >= 0) {
+            sorted[known++] = all[2 * r];
+        }
+    }
+    qsort(sorted, known, sizeof(double), cmp_double);
+
+    /* This rank. */
+    bool slow;
+    s->share = mine[0];
+    s->ratio = ratio_of(s, sorted, known, mine[0], &slow);
+    if (slow) {
+        if (s->slow_since_ns == 0) {
+            s->slow_since_ns = now;
+        }
+        s->slow_s = (double)(now - s->slow_since_ns) / 1e9;
+    } else {
+        s->slow_since_ns = 0;
+        s->slow_s = 0;
+    }
+
+    /* The slowest rank; and the slowest of those slow for a whole window (as of the
+     * figures exchanged: every rank finds the same). */
+    int worst = -1;
+    int evictee = -1;
+    double worst_ratio = -1;
+    for (int r = 0; r < n; r++) {
+        bool r_slow;
+        double ratio = ratio_of(s, sorted, known, all[2 * r], &r_slow);
+        if (!r_slow) {
+            continue;
+        }
+        if (worst < 0 || all[2 * r] > all[2 * worst]) {
+            worst = r;
+            worst_ratio = ratio;
+        }
+        if (all[2 * r + 1] * 1000.0 >= (double)s->window_ms &&
+            (evictee < 0 || all[2 * r] > all[2 * evictee])) {
+            evictee = r;
+        }
+    }
+    if (ctx->rank == 0 && worst >= 0 &&
+        (worst != s->logged_rank ||
+         now - s->logged_ns >= (uint64_t)s->window_ms * 1000000ull)) {
+        double med = median_without(sorted, known, all[2 * worst]);
+        rg_warn("straggler: rank %d computes %.0f%% of its step time, %.1fx the others' "
+                "median (%.0f%%), slow for %.0f s of a %.0f s window%s", worst,
+                100 * all[2 * worst], worst_ratio, 100 * med, all[2 * worst + 1],
+                (double)s->window_ms / 1000.0,
+                s->evict ? " (its node is asked to leave once the window is full)" : "");
+        s->logged_rank = worst;
+        s->logged_ns = now;
+    }
+    if (s->evict && evictee >= 0 && !s->asked) {
+        s->asked = true;   /* on every rank: one eviction per group */
+        if (evictee == ctx->rank) {
+            rg_warn("straggler: this rank (%d) computed %.0f%% of its step time, %.1fx the "
+                    "others' median, for %.0f s: asking the agent to take its node out of "
+                    "the job", ctx->rank, 100 * s->share, s->ratio, all[2 * evictee + 1]);
+            if (!rg_notice_msg_send(RG_NOTICE_MSG_STRAGGLER, ctx->local_rank)) {
+                rg_warn("straggler: cannot tell the agent (no pipe: not an in-place job)");
+            }
+        }
+    }
+    free(all);
+    return RG_OK;
+}
