@@ -74,3 +74,37 @@ rg_bench_wait_child() {
     rc=0
     wait "$1" || rc=$?
 }
+
+# A free TCP port on 127.0.0.1 (bound and released: the caller binds it soon after).
+rg_bench_free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Starts a single-member etcd on free loopback ports, its data and log under directory $1
+# (fast raft timing: heartbeat 50 ms, election 500 ms), and waits until it is healthy (10 s,
+# else it exits 1 with the log's end). Sets rg_bench_etcd_pid (the caller stops it by that
+# pid) and rg_bench_etcd_ep (HOST:PORT of its client URL).
+rg_bench_etcd_start() {
+    local d=$1 cport pport
+    cport=$(rg_bench_free_port)
+    pport=$(rg_bench_free_port)
+    etcd --name bench --data-dir "$d/etcd" \
+         --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+         --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+         --initial-cluster "bench=http://127.0.0.1:$pport" \
+         --heartbeat-interval=50 --election-timeout=500 >"$d/etcd.log" 2>&1 &
+    rg_bench_etcd_pid=$!
+    rg_bench_etcd_ep="127.0.0.1:$cport"
+    local _
+    for _ in $(seq 100); do
+        if ETCDCTL_API=3 etcdctl --endpoints "$rg_bench_etcd_ep" endpoint health >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "etcd did not become healthy in 10 s:" >&2
+    tail -5 "$d/etcd.log" >&2
+    kill "$rg_bench_etcd_pid" 2>/dev/null || true
+    wait "$rg_bench_etcd_pid" 2>/dev/null || true
+    exit 1
+}

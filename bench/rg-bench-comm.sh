@@ -21,10 +21,9 @@
 #   bench/rg-bench-comm.sh [-n N] [--tls tcp] [--mpi] [-r R] [--build DIR] [-- rg-bench-comm args]
 #   e.g. bench/rg-bench-comm.sh -n 2 --mpi -r 5 -- --sizes=8,65536,1048576,16777216,67108864
 set -euo pipefail
-if [[ -z "${RG_BENCH_LOCKED:-}" ]]; then
-    RG_BENCH_LOCKED=1 exec flock /tmp/regroup-bench.lock "$0" "$@"
-fi
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh"
+rg_bench_lock "$@"
 n=2
 tls=""
 mpi=0
@@ -68,26 +67,21 @@ if ((mpi)) && [[ ! "$dtype" =~ ^(f32|f64|i32|i64|u8)$ ]]; then
     exit 2
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 dir=$(mktemp -d /tmp/rg-bench-comm.XXXXXX)
-cport=$(free_port); pport=$(free_port)
-etcd --name bench --data-dir "$dir/etcd" \
-     --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
-     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-     --initial-cluster "bench=http://127.0.0.1:$pport" >"$dir/etcd.log" 2>&1 &
-etcd_pid=$!
+etcd_pid=
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    kill "$etcd_pid" 2>/dev/null || true
-    wait "$etcd_pid" 2>/dev/null || true
+    if [[ -n "$etcd_pid" ]]; then
+        kill "$etcd_pid" 2>/dev/null || true
+        wait "$etcd_pid" 2>/dev/null || true
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do
-    if ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$cport" endpoint health >/dev/null 2>&1; then break; fi
-    sleep 0.1
-done
+rg_bench_etcd_start "$dir"
+etcd_pid=$rg_bench_etcd_pid
+cport=${rg_bench_etcd_ep##*:}
 
 export UCX_NET_DEVICES=lo
 export REGROUP_ETCD_ENDPOINTS="http://127.0.0.1:$cport" REGROUP_ROUND=0

@@ -122,7 +122,7 @@ epoch_gap=0   # the torch workload evaluates and reports at each epoch's end: no
 ((at + 10 < epochs * steps_per_epoch)) ||
     { echo "--at must be well below the job's $((epochs * steps_per_epoch)) steps" >&2; exit 2; }
 
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { rg_bench_free_port; }
 out=$(mktemp -d /tmp/rg-bench-scale.XXXXXX)
 etcd_pid=
 pids=()
@@ -138,22 +138,9 @@ cleanup() {
     rm -rf "$out"
 }
 trap cleanup EXIT
-cport=$(free_port)
-pport=$(free_port)
-etcd --name bench --data-dir "$out/etcd" \
-     --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
-     --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
-     --initial-cluster "bench=http://127.0.0.1:$pport" \
-     --heartbeat-interval=50 --election-timeout=500 >"$out/etcd.log" 2>&1 &
-etcd_pid=$!
-up=0
-for _ in $(seq 100); do
-    if ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$cport" endpoint health >/dev/null 2>&1; then
-        up=1; break
-    fi
-    sleep 0.1
-done
-((up)) || { echo "etcd did not become healthy in 10 s:" >&2; tail -5 "$out/etcd.log" >&2; exit 1; }
+rg_bench_etcd_start "$out"
+etcd_pid=$rg_bench_etcd_pid
+cport=${rg_bench_etcd_ep##*:}
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
 if [[ "$workload" == torch ]]; then
     export PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \

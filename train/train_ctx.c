@@ -261,6 +261,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);
     rg_beat_worker_stop(ctx->beat);
+    train_straggler_cleanup(&ctx->straggler);
     free(ctx);
 }
 

@@ -30,10 +30,17 @@ typedef struct {
     uint64_t   step_ns;        /* since the last exchange: the steps' time */
     uint64_t   busy_ns;        /*   and the part of it outside the group's operations */
     uint64_t   tick_ns;        /* the last exchange (rank 0's decides when the next is) */
-    double     share;          /* at the last exchange: busy / step, -1 unknown */
+    double     share;          /* at the last exchange: busy / step, smoothed; -1 unknown */
     double     ratio;          /*   over the others' median, -1 unknown */
     double     slow_s;         /*   seconds this rank has been slow, 0 not slow */
-    uint64_t   slow_since_ns;
+    /* every rank's, at the last exchange (one allocation of n_ranks of each) */
+    int        n_ranks;
+    void      *buf;
+    double    *shares;
+    double    *sorted;         /*   the known smoothed shares, in order */
+    double    *smooth;         /*   the shares smoothed over the exchanges, -1 unknown */
+    double    *slow_for;       /*   seconds slow (this rank's clock) */
+    uint32_t  *streak;         /*   exchanges slow in a row */
     bool       asked;          /* a rank of this group was asked out: no other */
     uint64_t   logged_ns;      /* rank 0's last straggler line, and its rank */
     int        logged_rank;
@@ -41,6 +48,7 @@ typedef struct {
 
 /* Reads the agent's settings ($REGROUP_STRAGGLER_*). */
 void train_straggler_init(train_straggler_t *s);
+void train_straggler_cleanup(train_straggler_t *s);
 /* At each step boundary, before the agreement: adds the step since the last one; true on
  * rank 0 when an exchange is due (the agreement carries that to every rank). */
 bool train_straggler_sample(rg_train_ctx_t *ctx);

@@ -9,15 +9,16 @@
  * quarter of a core has a share near 1, the ranks that wait for it about a quarter of that.
  *
  * Once a second (rank 0's clock, carried by the step boundary's agreement) every rank
- * allgathers {share, seconds it has been slow}. A rank is slow when its share is over
- * factor x the median of the others' and over it by STRAGGLER_MIN_EXCESS of the step (so
- * that a job whose ranks hardly compute does not name one for noise). Every rank computes
- * the same from the same figures:
+ * allgathers its share. A rank is slow at an exchange when its share is over factor x the
+ * median of the others' and over it by STRAGGLER_MIN_EXCESS of the step (so that a job whose
+ * ranks hardly compute does not name one for noise). Every rank keeps every rank's streak
+ * (exchanges slow in a row) from the same figures, so all decide the same:
  *   - each rank puts its share, its ratio and how long it has been slow into its progress
  *     record (`regroup status` names it); rank 0 logs a slow rank when it is first seen and
  *     then once a window;
  *   - with eviction on (`--rdzv-conf=straggler_factor=F`: the agent sets
- *     REGROUP_STRAGGLER_EVICT), the slowest rank among those slow for the whole window asks
+ *     REGROUP_STRAGGLER_EVICT), the slowest rank among those slow for the whole window (a
+ *     streak of window / STRAGGLER_TICK_MS exchanges) asks
  *     its agent to leave (RG_NOTICE_MSG_STRAGGLER): the node goes as a preempted one does,
  *     and the job regroups in place without it. One rank per group at most: the group that
  *     follows starts a new window.
@@ -72,7 +73,13 @@ static void straggler_reset(train_straggler_t *s, const rg_train_ctx_t *ctx, uin
     s->tick_ns = now;
     s->share = s->ratio = -1;
     s->slow_s = 0;
-    s->slow_since_ns = 0;
+    if (s->n_ranks > 0) {
+        memset(s->streak, 0, sizeof(uint32_t) * (size_t)s->n_ranks);
+        memset(s->slow_for, 0, sizeof(double) * (size_t)s->n_ranks);
+        for (int r = 0; r < s->n_ranks; r++) {
+            s->smooth[r] = -1;   /* (the ranks are numbered anew) */
+        }
+    }
     s->asked = false;
     s->logged_ns = 0;
     s->logged_rank = -1;
@@ -141,80 +148,111 @@ static double ratio_of(const train_straggler_t *s, const double *sorted, size_t 
     return ratio;
 }
 
+/* The per-rank streaks, for a group of n ranks (kept from one exchange to the next). */
+static rg_status_t streaks_for(train_straggler_t *s, int n)
+{
+    if (s->n_ranks == n) {
+        return RG_OK;
+    }
+    free(s->buf);
+    s->buf = calloc((size_t)n, 4 * sizeof(double) + sizeof(uint32_t));
+    if (s->buf == NULL) {
+        s->n_ranks = 0;
+        return rg_error(RG_ENOMEM, "straggler figures of %d ranks", n);
+    }
+    s->n_ranks = n;
+    s->shares = s->buf;
+    s->sorted = s->shares + n;
+    s->smooth = s->sorted + n;
+    s->slow_for = s->smooth + n;
+    s->streak = (uint32_t *)(s->slow_for + n);
+    for (int r = 0; r < n; r++) {
+        s->smooth[r] = -1;
+    }
+    return RG_OK;
+}
+
+void train_straggler_cleanup(train_straggler_t *s)
+{
+    free(s->buf);
+    s->buf = NULL;
+    s->n_ranks = 0;
+}
+
 rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx)
 {
     train_straggler_t *s = &ctx->straggler;
     uint64_t now = rg_now_ns();
+    uint64_t interval = now - s->tick_ns;
     int n = ctx->world;
-    double mine[2];
-    double *all = NULL;
-    double *sorted = NULL;
+    double mine = s->step_ns > 0 ? (double)s->busy_ns / (double)s->step_ns : -1;
     rg_status_t st;
 
-    mine[0] = s->step_ns > 0 ? (double)s->busy_ns / (double)s->step_ns : -1;
-    mine[1] = s->slow_s;
     s->step_ns = s->busy_ns = 0;
     s->tick_ns = now;
-    all = malloc(sizeof(double) * 3 * (size_t)n);
-    if (all == NULL) {
-        /* (The other ranks then wait for this one until the group's timeout and regroup.) */
-        return rg_error(RG_ENOMEM, "straggler figures of %d ranks", n);
-    }
-    sorted = all + 2 * n;
-    st = rg_comm_allgather(ctx->comm, mine, all, 2, RG_DTYPE_F64, NULL);
+    /* (Without memory the other ranks wait for this one until the group's timeout, and
+     * regroup.) */
+    st = streaks_for(s, n);
     if (st != RG_OK) {
-        free(all);
         return st;
     }
+    st = rg_comm_allgather(ctx->comm, &mine, s->shares, 1, RG_DTYPE_F64, NULL);
+    if (st != RG_OK) {
+        return st;
+    }
+    /* Each share smoothed over the last exchanges (an exponential average that halves an
+     * exchange's weight at each next one), so that one exchange with a dip does not end a
+     * straggler's streak, nor one with a peak begin one. */
     size_t known = 0;
     for (int r = 0; r < n; r++) {
-        if (all[2 * r] >= 0) {
-            sorted[known++] = all[2 * r];
+        if (s->shares[r] >= 0) {
+            s->smooth[r] = s->smooth[r] < 0 ? s->shares[r]
+                                            : s->smooth[r] + 0.5 * (s->shares[r] - s->smooth[r]);
+        }
+        if (s->smooth[r] >= 0) {
+            s->sorted[known++] = s->smooth[r];
         }
     }
-    qsort(sorted, known, sizeof(double), cmp_double);
+    qsort(s->sorted, known, sizeof(double), cmp_double);
 
-    /* This rank. */
-    bool slow;
-    s->share = mine[0];
-    s->ratio = ratio_of(s, sorted, known, mine[0], &slow);
-    if (slow) {
-        if (s->slow_since_ns == 0) {
-            s->slow_since_ns = now;
-        }
-        s->slow_s = (double)(now - s->slow_since_ns) / 1e9;
-    } else {
-        s->slow_since_ns = 0;
-        s->slow_s = 0;
-    }
-
-    /* The slowest rank; and the slowest of those slow for a whole window (as of the
-     * figures exchanged: every rank finds the same). */
+    /* Every rank's streak, the same on every rank (counted in exchanges; the seconds, for
+     * people, on this rank's clock); the slowest rank; and the slowest of those slow for a
+     * whole window. */
+    uint32_t window_ticks = (uint32_t)((s->window_ms + STRAGGLER_TICK_MS - 1) / STRAGGLER_TICK_MS);
     int worst = -1;
     int evictee = -1;
     double worst_ratio = -1;
     for (int r = 0; r < n; r++) {
-        bool r_slow;
-        double ratio = ratio_of(s, sorted, known, all[2 * r], &r_slow);
-        if (!r_slow) {
+        bool slow;
+        double ratio = ratio_of(s, s->sorted, known, s->smooth[r], &slow);
+        if (r == ctx->rank) {
+            s->share = s->smooth[r];
+            s->ratio = ratio;
+        }
+        if (!slow) {
+            s->streak[r] = 0;
+            s->slow_for[r] = 0;
             continue;
         }
-        if (worst < 0 || all[2 * r] > all[2 * worst]) {
+        s->streak[r]++;
+        s->slow_for[r] += (double)interval / 1e9;
+        if (worst < 0 || s->smooth[r] > s->smooth[worst]) {
             worst = r;
             worst_ratio = ratio;
         }
-        if (all[2 * r + 1] * 1000.0 >= (double)s->window_ms &&
-            (evictee < 0 || all[2 * r] > all[2 * evictee])) {
+        if (s->streak[r] >= window_ticks &&
+            (evictee < 0 || s->smooth[r] > s->smooth[evictee])) {
             evictee = r;
         }
     }
+    s->slow_s = s->slow_for[ctx->rank];
     if (ctx->rank == 0 && worst >= 0 &&
         (worst != s->logged_rank ||
          now - s->logged_ns >= (uint64_t)s->window_ms * 1000000ull)) {
-        double med = median_without(sorted, known, all[2 * worst]);
+        double med = median_without(s->sorted, known, s->smooth[worst]);
         rg_warn("straggler: rank %d computes %.0f%% of its step time, %.1fx the others' "
                 "median (%.0f%%), slow for %.0f s of a %.0f s window%s", worst,
-                100 * all[2 * worst], worst_ratio, 100 * med, all[2 * worst + 1],
+                100 * s->smooth[worst], worst_ratio, 100 * med, s->slow_for[worst],
                 (double)s->window_ms / 1000.0,
                 s->evict ? " (its node is asked to leave once the window is full)" : "");
         s->logged_rank = worst;
@@ -225,12 +263,11 @@ rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx)
         if (evictee == ctx->rank) {
             rg_warn("straggler: this rank (%d) computed %.0f%% of its step time, %.1fx the "
                     "others' median, for %.0f s: asking the agent to take its node out of "
-                    "the job", ctx->rank, 100 * s->share, s->ratio, all[2 * evictee + 1]);
+                    "the job", ctx->rank, 100 * s->share, s->ratio, s->slow_s);
             if (!rg_notice_msg_send(RG_NOTICE_MSG_STRAGGLER, ctx->local_rank)) {
                 rg_warn("straggler: cannot tell the agent (no pipe: not an in-place job)");
             }
         }
     }
-    free(all);
     return RG_OK;
 }
