@@ -145,7 +145,9 @@ typedef struct {
  * has not renewed its membership for a lease TTL, stopped, hung or cut from etcd; the
  * worker must stop, since the job goes on without its node). After the progress and the
  * checkpoint it agrees with the other ranks on the notices their agents posted (one
- * 32-byte allreduce, no etcd): when some agent posted one, or (in place) assigned its
+ * 40-byte allreduce, no etcd; about once a second it also carries the stragglers'
+ * exchange, an allgather of each rank's compute share of the step: README "Stragglers"):
+ * when some agent posted one, or (in place) assigned its
  * workers a newer round, every rank gets RG_EMEMBERS at the same step, and rg_train_notice
  * says which kinds and how much time is left. The progress record goes to etcd from a
  * thread of the worker's: the call never waits on etcd. The notice
