@@ -45,6 +45,12 @@
 #define CHAOS_LEASE_TTL_S      2
 #define CHAOS_LAST_CALL_S      0.5
 #define CHAOS_HANG_TIMEOUT_S   1.0
+/* In place, the agents' --rdzv-conf=straggler_factor,straggler_window (F_STRAGGLER), and the
+ * throttle of a straggler: it runs CHAOS_STRAGGLER_RUN_MS of every CHAOS_STRAGGLER_CYCLE_MS. */
+#define CHAOS_STRAGGLER_FACTOR   2
+#define CHAOS_STRAGGLER_WINDOW_S 3
+#define CHAOS_STRAGGLER_RUN_MS   25
+#define CHAOS_STRAGGLER_CYCLE_MS 100
 /* The recovery bounds of a fault kind, before --bound-scale: p99 at most the lease TTL +
  * CHAOS_BOUND_P99_OVER_TTL_S; p50 at most the time the fault takes to be seen by design (a
  * lease to expire, a hang timeout) + CHAOS_BOUND_P50_AFTER_S, or CHAOS_BOUND_P50_AT_ONCE_S
@@ -62,6 +68,8 @@ typedef enum {
     F_ETCD_PARTITION,   /* a node reaches its peers and the checkpoint dir, not etcd */
     F_PEER_PARTITION,   /* a node reaches etcd, not its peers */
     F_ETCD_SILENT,      /* an etcd member alive but silent (SIGSTOP), then SIGCONT */
+    F_STRAGGLER,        /* a worker throttled to a quarter of a core (SIGCONT, SIGSTOP in a
+                         * 100 ms cycle); in place only: its node must be left behind */
     F_COUNT
 } chaos_fault_t;
 
@@ -186,12 +194,16 @@ typedef struct {
         int      n_corrupted;
         bool     stalled;          /* the job stopped making progress: no more faults */
         struct {                   /* a fault that lasts a while (agent-hang, etcd-partition,
-                                    * peer-partition, etcd-silent), ended by chaos_fault_heal */
+                                    * peer-partition, etcd-silent, straggler), ended by
+                                    * chaos_fault_heal */
             bool          on;
             chaos_fault_t kind;
             int           slot;    /* the agent's slot, or the etcd member */
             double        heal_at;
             double        healed_at;
+            pid_t         worker;  /* straggler: the worker throttled, */
+            bool          stopped; /*   whether it is stopped now, */
+            uint64_t      toggle_ns; /* and when that changes next */
         } hold;
     } faults;
 
@@ -260,7 +272,8 @@ void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r);
  * and then lets it back (partition, agent-hang, etcd-partition). */
 bool chaos_fault_needs_net(chaos_fault_t k);
 bool chaos_fault_node_returns(chaos_fault_t k);
-/* Ends a lasting fault once due (or now); partitions of the whole link too. */
+/* Ends a lasting fault once due (or now); partitions of the whole link too. Drives a
+ * straggler's throttle while it lasts (the waits call it every few ms). */
 void chaos_fault_heal(chaos_t *c, bool now);
 double chaos_fault_heal_at(const chaos_t *c);     /* when the lasting fault ends; 0: none */
 double chaos_fault_healed_at(const chaos_t *c);   /* when the last one ended */

@@ -136,6 +136,9 @@ static bool cycle_one(chaos_t *c, int i)
     chaos_progress_t after;
     bool ok = chaos_wait_progress(c, r->t_inject, ends ? min_round : 0, CHAOS_RECOVERY_MAX_MS,
                                   &after);
+    if (kind == F_STRAGGLER) {
+        chaos_fault_heal(c, true);   /* not left stopped while its node goes */
+    }
     if (!chaos_fault_node_returns(kind) && r->agent_pid > 0) {
         /* The next fault is chosen among the agents left: wait for this one to go. */
         chaos_agent_wait_gone(c, r->agent_pid);

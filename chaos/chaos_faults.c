@@ -19,7 +19,7 @@
 const char *const chaos_fault_names[F_COUNT] = {
     "worker-kill", "worker-hang", "agent-kill", "preempt", "node-join", "etcd-member",
     "etcd-leader", "partition", "ckpt-kill", "corrupt-shard", "disk-full", "agent-hang",
-    "etcd-partition", "peer-partition", "etcd-silent"};
+    "etcd-partition", "peer-partition", "etcd-silent", "straggler"};
 
 void chaos_faults_init(chaos_t *c)
 {
@@ -45,7 +45,8 @@ bool chaos_fault_ends_round(chaos_fault_t k)
 /* Faults that take a whole node out of the job (for a while, for a partition). */
 bool chaos_fault_takes_node(chaos_fault_t k)
 {
-    return k == F_AGENT_KILL || k == F_PREEMPT || chaos_fault_node_returns(k);
+    return k == F_AGENT_KILL || k == F_PREEMPT || k == F_STRAGGLER ||
+           chaos_fault_node_returns(k);
 }
 
 bool chaos_fault_node_returns(chaos_fault_t k)
@@ -60,6 +61,9 @@ bool chaos_fault_needs_net(chaos_fault_t k)
 
 bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k)
 {
+    if (k == F_STRAGGLER && strcmp(c->opt->recovery, "in-place") != 0) {
+        return false;   /* a straggler's node is left behind only in place */
+    }
     if (strcmp(c->opt->scenario, "all") == 0) {
         return true;
     }
@@ -254,10 +258,32 @@ static void hold_start(chaos_t *c, chaos_fault_t kind, int slot, int hold_s)
     c->faults.hold.heal_at = rg_wall_s() + hold_s;
 }
 
+/* One step of a straggler's duty cycle, when due; false once the worker is gone. */
+static bool throttle_step(chaos_t *c)
+{
+    uint64_t t = rg_now_ns();
+    if (t < c->faults.hold.toggle_ns) {
+        return true;
+    }
+    bool stop = !c->faults.hold.stopped;
+    if (kill(c->faults.hold.worker, stop ? SIGSTOP : SIGCONT) != 0) {
+        return false;
+    }
+    c->faults.hold.stopped = stop;
+    int ms = stop ? CHAOS_STRAGGLER_CYCLE_MS - CHAOS_STRAGGLER_RUN_MS : CHAOS_STRAGGLER_RUN_MS;
+    c->faults.hold.toggle_ns = t + (uint64_t)ms * 1000000ull;
+    return true;
+}
+
 void chaos_fault_heal(chaos_t *c, bool now)
 {
     chaos_net_heal(c, now);
-    if (!c->faults.hold.on || (!now && rg_wall_s() < c->faults.hold.heal_at)) {
+    if (c->faults.hold.on && c->faults.hold.kind == F_STRAGGLER && !now &&
+        throttle_step(c)) {
+        return;   /* it lasts until the worker is gone (its node left) or the fault's end */
+    }
+    if (!c->faults.hold.on || (!now && rg_wall_s() < c->faults.hold.heal_at &&
+                               c->faults.hold.kind != F_STRAGGLER)) {
         return;
     }
     int a = c->faults.hold.slot;
@@ -276,6 +302,9 @@ void chaos_fault_heal(chaos_t *c, bool now)
     case F_ETCD_SILENT:
         chaos_etcd_signal(c, a, SIGCONT);
         break;
+    case F_STRAGGLER:
+        kill(c->faults.hold.worker, SIGCONT);   /* (ESRCH once it is gone) */
+        break;
     default:
         break;
     }
@@ -292,6 +321,46 @@ double chaos_fault_heal_at(const chaos_t *c)
 double chaos_fault_healed_at(const chaos_t *c)
 {
     return RG_MAX(c->faults.hold.healed_at, c->net.cut.healed_at);
+}
+
+/* A worker throttled to a quarter of a core from now on (chaos_fault_heal drives it): in
+ * place its rank is found a straggler and its node leaves the job. */
+static void straggler(chaos_t *c, chaos_fault_rec_t *r)
+{
+    pid_t w[64];
+    int n = chaos_workers_find(c, w, 64);
+    if (n == 0) {
+        snprintf(r->target, sizeof(r->target), "no worker");
+        return;
+    }
+    pid_t victim = w[next_rand(c) % (uint64_t)n];
+    int slot = -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)victim);
+    FILE *f = fopen(path, "r");
+    int ppid = 0;
+    if (f != NULL) {
+        if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) {
+            ppid = 0;
+        }
+        fclose(f);
+    }
+    for (int i = 0; i < c->procs.n_slots; i++) {
+        if (c->procs.alive[i] && c->procs.pid[i] == ppid) {
+            slot = i;
+        }
+    }
+    if (slot < 0) {
+        snprintf(r->target, sizeof(r->target), "worker pid %d (no agent)", (int)victim);
+        return;
+    }
+    r->agent_pid = c->procs.pid[slot];
+    hold_start(c, F_STRAGGLER, slot, CHAOS_RECOVERY_MAX_MS / 1000);
+    c->faults.hold.worker = victim;
+    c->faults.hold.stopped = false;
+    c->faults.hold.toggle_ns = rg_now_ns() + CHAOS_STRAGGLER_RUN_MS * 1000000ull;
+    snprintf(r->target, sizeof(r->target), "worker pid %d (agent %d) at %d%%", (int)victim,
+             c->procs.id[slot], 100 * CHAOS_STRAGGLER_RUN_MS / CHAOS_STRAGGLER_CYCLE_MS);
 }
 
 /* A node stopped, cut from etcd or from its peers for longer than the lease TTL (2 s). */
@@ -390,6 +459,9 @@ void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r)
         chaos_etcd_signal(c, m, SIGSTOP);
         hold_start(c, kind, m, 2 + (int)(next_rand(c) % 3));
         snprintf(r->target, sizeof(r->target), "etcd member %d stopped", m);
+        break;
+    case F_STRAGGLER:
+        straggler(c, r);
         break;
     case F_COUNT:
         break;

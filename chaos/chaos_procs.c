@@ -103,7 +103,7 @@ void chaos_agent_start(chaos_t *c)
     char net[120];
     char addr[64];
     char rec[64];
-    char conf[96];
+    char conf[160];
     char host[32] = "127.0.0.1";
     int i = 0;
     while (i < c->procs.n_slots && c->procs.alive[i]) {
@@ -125,9 +125,14 @@ void chaos_agent_start(chaos_t *c)
     }
     snprintf(addr, sizeof(addr), "--local-addr=%s", host);
     snprintf(rec, sizeof(rec), "--recovery=%s", opt->recovery);
+    char straggler[80] = "";
+    if (strcmp(opt->recovery, "in-place") == 0) {
+        snprintf(straggler, sizeof(straggler), ",straggler_factor=%d,straggler_window=%d",
+                 CHAOS_STRAGGLER_FACTOR, CHAOS_STRAGGLER_WINDOW_S);
+    }
     snprintf(conf, sizeof(conf),
-             "--rdzv-conf=lease_ttl=%d,last_call_timeout=%g,join_timeout=120",
-             CHAOS_LEASE_TTL_S, CHAOS_LAST_CALL_S);
+             "--rdzv-conf=lease_ttl=%d,last_call_timeout=%g,join_timeout=120%s",
+             CHAOS_LEASE_TTL_S, CHAOS_LAST_CALL_S, straggler);
     char *argv[32] = {"ip", "netns", "exec", net, (char *)opt->regroup, ep,
                       "--rdzv-id=" CHAOS_JOB_ID, nn, "--nproc-per-node=1", addr,
                       "--max-restarts=100000", "--grace-period=1", conf, rec};
