@@ -137,6 +137,8 @@ typedef struct {
     bool time_bound;
     bool recovered;
     bool within_bounds;      /* every kind's recovery times within its bounds */
+    bool kept_in_place;      /* in place: no node that came back (partition, agent-hang,
+                              * etcd-partition) made the job restart from a checkpoint */
     bool pass;               /* all of the above: computed once, by chaos_check_verdict */
     char result_line[256];
     int  verified;

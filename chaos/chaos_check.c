@@ -241,7 +241,18 @@ void chaos_check_verdict(chaos_t *c)
         }
     }
     inv->within_bounds = check_bounds(c);
+    /* In place, a node that was cut off or stopped past its lease and came back is left out
+     * and joins again with newcomers: the others never restart for it. */
+    inv->kept_in_place = true;
+    for (int i = 0; strcmp(opt->recovery, "in-place") == 0 && i < c->faults.n_recs; i++) {
+        const chaos_fault_rec_t *r = &c->faults.rec[i];
+        if (chaos_fault_node_returns(r->kind) && r->resumed >= 0) {
+            chaos_say("fault %d (%s) made the job restart from step %lld in place", i,
+                      chaos_fault_names[r->kind], (long long)r->resumed);
+            inv->kept_in_place = false;
+        }
+    }
     inv->pass = inv->finished && inv->result && inv->checkpoints_verify && inv->no_lost_work &&
                 inv->no_leaks && inv->no_stale_writes && inv->time_bound && inv->recovered &&
-                inv->within_bounds;
+                inv->within_bounds && inv->kept_in_place;
 }

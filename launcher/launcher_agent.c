@@ -608,6 +608,16 @@ static rg_status_t agent_loop(agent_t *ag)
                 launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
                 break;
             }
+            if (ie == INPLACE_RESTART && ag->ip.dropped) {
+                /* The job went on without this node: its workers' state is of a round the
+                 * others left. They start again, and join as newcomers; the job does not
+                 * restart for them (chaos' partition in place restarted every survivor). */
+                rg_info("this node was left out of the job while it was cut off: its workers "
+                        "start again and join the running job");
+                (void)inplace_restart(ag, NULL);
+                resume = false;
+                continue;
+            }
             if (ie == INPLACE_RESTART) {
                 (void)inplace_restart(ag, "in-place recovery failed during a join");
                 resume = false;

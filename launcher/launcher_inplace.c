@@ -377,6 +377,9 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
 
     rg_rdzv_set_nproc(e->rdzv, launcher_inplace_members(e->ip, e->ws));
     st = rg_rdzv_next_round(e->rdzv);
+    /* Refused by the fence: this agent is no longer a member (its lease ran out while it was
+     * cut off or stopped), and the job went on without it. */
+    e->ip->dropped = st == RG_ELEASE;
     if (st != RG_OK) {
         rg_warn("cannot open the next round (%s); joining anyway", rg_last_error());
     }

@@ -215,8 +215,22 @@ rg_status_t rg_rdzv_request_restart(rg_rdzv_t *z, const char *why)
     if (st == RG_OK) {
         st = rdzv_rec_round_encode(latest, val, sizeof(val));
     }
+    if (st != RG_OK) {
+        return st;
+    }
+    /* Fenced: only a member of the job's round (the one it runs, or the newer one it joins
+     * in place) may restart the job. An agent whose lease ran out while it was cut off or
+     * stopped is no longer one: the others went on without it, and its own failure is no
+     * reason for them to restart (chaos' partition, in place: once back, the node cut off
+     * restarted every survivor). */
+    rdzv_fence_t fence;
+    st = agent_fence(z, &fence);
     if (st == RG_OK) {
-        st = rg_etcd_put_str(z->etcd, key, val, 0, 0, NULL);
+        st = rdzv_fence_put(z->etcd, &fence, key, val, 0, 0, "the request to restart the job");
+    }
+    if (st == RG_ELEASE && latest != z->cur.round &&
+        rdzv_fence_init(&fence, &z->keys, latest, z->agent, z->lease) == RG_OK) {
+        st = rdzv_fence_put(z->etcd, &fence, key, val, 0, 0, "the request to restart the job");
     }
     if (st == RG_OK) {
         st = rdzv_round_advance(z, latest);

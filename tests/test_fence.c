@@ -3,7 +3,8 @@
  * job by a member that is no longer in the job's round (the round moved on, or its agent's
  * lease is gone) is refused with RG_ELEASE and leaves the job's keys as they were: progress,
  * the checkpoint commit (its MANIFEST and ckpt/latest), the rank's report through the worker
- * API, an agent's failure marker and its move to the next round. And the audit of etcd's
+ * API, an agent's failure marker, its move to the next round and its request to restart
+ * the job. And the audit of etcd's
  * history finds a write that was not fenced.
  */
 #include "rdzv_fence.h"
@@ -318,6 +319,17 @@ START_TEST(fenced_agent_writes)
     get_value(rkey, got, sizeof(got));
     ck_assert_int_eq(atoi(got), a.round);
     ck_assert_int_eq(rg_rdzv_done(z), RG_ELEASE);
+    /* Nor may it restart the job the others run (chaos' partition in place: the node cut
+     * off past its lease asked it once back, and every survivor restarted). */
+    char restart_key[RDZV_KEY_MAX];
+    ck_assert(rdzv_keys_restart(&keys, restart_key, sizeof(restart_key)) == RG_OK);
+    ck_assert_int_eq(rg_rdzv_request_restart(z, "a worker could not recover in place"),
+                     RG_ELEASE);
+    ck_assert_msg(strstr(rg_last_error(), "restart") != NULL, "%s", rg_last_error());
+    get_value(restart_key, got, sizeof(got));
+    ck_assert_str_eq(got, "");
+    get_value(rkey, got, sizeof(got));
+    ck_assert_int_eq(atoi(got), a.round);
     /* Once no member of the round is left (the other's lease ended too), the round is dead:
      * a former member may move the job on, or nobody could. */
     ck_assert(rg_etcd_lease_revoke(cli, other, 0) == RG_OK);

@@ -135,7 +135,9 @@ rg_status_t rg_rdzv_report_failure(rg_rdzv_t *rdzv, const rg_rdzv_failure_t *f)
 /* In-place jobs: asks every agent to stop its workers and restart the job from its last
  * checkpoint: `restart` says the newest round so far, whose workers and those of every
  * round before it restart (rg_rdzv_check says RG_RDZV_FAILURE to an agent running one), and
- * the job moves on to the round after it. */
+ * the job moves on to the round after it. Fenced: RG_ELEASE, and nothing written, when this
+ * agent is a member neither of the round it runs nor of the job's newest (its lease ran out:
+ * the job went on without it, and it restarts only its own workers). */
 rg_status_t rg_rdzv_request_restart(rg_rdzv_t *rdzv, const char *why) RG_ETCD_NODISCARD;
 /* In-place jobs: whether a restart was requested for workers of `round` (or a later one). */
 rg_status_t rg_rdzv_restart_requested(rg_rdzv_t *rdzv, int round, bool *yes)
