@@ -108,3 +108,19 @@ rg_bench_etcd_start() {
     wait "$rg_bench_etcd_pid" 2>/dev/null || true
     exit 1
 }
+
+# The EXIT trap of the benches that run agents on rg_bench_etcd_start's etcd: SIGKILLs the
+# pids in the caller's array pids, stops that etcd, copies the run directory $out to $keep
+# when keep is set (every run's logs and step logs), and removes $out.
+rg_bench_cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    if [[ -n "${rg_bench_etcd_pid:-}" ]]; then
+        kill "$rg_bench_etcd_pid" 2>/dev/null || true
+        wait "$rg_bench_etcd_pid" 2>/dev/null || true
+    fi
+    if [[ -n "${keep:-}" ]]; then
+        mkdir -p "$keep" && cp -r "$out"/. "$keep"/ || true
+    fi
+    rm -rf "$out"
+}

@@ -67,20 +67,11 @@ if ((mpi)) && [[ ! "$dtype" =~ ^(f32|f64|i32|i64|u8)$ ]]; then
     exit 2
 fi
 
-dir=$(mktemp -d /tmp/rg-bench-comm.XXXXXX)
-etcd_pid=
+out=$(mktemp -d /tmp/rg-bench-comm.XXXXXX)
+dir=$out
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    if [[ -n "$etcd_pid" ]]; then
-        kill "$etcd_pid" 2>/dev/null || true
-        wait "$etcd_pid" 2>/dev/null || true
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-rg_bench_etcd_start "$dir"
-etcd_pid=$rg_bench_etcd_pid
+trap rg_bench_cleanup EXIT
+rg_bench_etcd_start "$out"
 cport=${rg_bench_etcd_ep##*:}
 
 export UCX_NET_DEVICES=lo

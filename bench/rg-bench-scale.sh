@@ -124,22 +124,9 @@ epoch_gap=0   # the torch workload evaluates and reports at each epoch's end: no
 
 free_port() { rg_bench_free_port; }
 out=$(mktemp -d /tmp/rg-bench-scale.XXXXXX)
-etcd_pid=
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    if [[ -n "$etcd_pid" ]]; then
-        kill "$etcd_pid" 2>/dev/null || true
-        wait "$etcd_pid" 2>/dev/null || true
-    fi
-    if [[ -n "$keep" ]]; then
-        mkdir -p "$keep" && cp -r "$out"/. "$keep"/ || true
-    fi
-    rm -rf "$out"
-}
-trap cleanup EXIT
+trap rg_bench_cleanup EXIT
 rg_bench_etcd_start "$out"
-etcd_pid=$rg_bench_etcd_pid
 cport=${rg_bench_etcd_ep##*:}
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
 if [[ "$workload" == torch ]]; then

@@ -63,24 +63,14 @@ done
     echo "$build/regroup or $build/examples/rg-exact not built" >&2; exit 2; }
 
 out=$(mktemp -d /tmp/rg-bench-straggler.XXXXXX)
-etcd_pid=
 pids=()
 throttler=
 cleanup() {
     [[ -z "$throttler" ]] || kill -KILL "$throttler" 2>/dev/null || true
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-    if [[ -n "$etcd_pid" ]]; then
-        kill "$etcd_pid" 2>/dev/null || true
-        wait "$etcd_pid" 2>/dev/null || true
-    fi
-    if [[ -n "$keep" ]]; then
-        mkdir -p "$keep" && cp -r "$out"/. "$keep"/ || true
-    fi
-    rm -rf "$out"
+    rg_bench_cleanup
 }
 trap cleanup EXIT
 rg_bench_etcd_start "$out"
-etcd_pid=$rg_bench_etcd_pid
 export UCX_NET_DEVICES=lo REGROUP_LOG_LEVEL=info
 load_start=$(rg_bench_loadavg)
 

@@ -177,15 +177,24 @@ static bool write_in_progress(const chaos_t *c)
     return busy;
 }
 
-static void kill_worker(chaos_t *c, chaos_fault_rec_t *r, int sig)
+/* A worker drawn from those running, or -1 (r's target says "no worker"). */
+static pid_t pick_worker(chaos_t *c, chaos_fault_rec_t *r)
 {
     pid_t w[64];
     int n = chaos_workers_find(c, w, 64);
     if (n == 0) {
         snprintf(r->target, sizeof(r->target), "no worker");
+        return -1;
+    }
+    return w[next_rand(c) % (uint64_t)n];
+}
+
+static void kill_worker(chaos_t *c, chaos_fault_rec_t *r, int sig)
+{
+    pid_t victim = pick_worker(c, r);
+    if (victim < 0) {
         return;
     }
-    pid_t victim = w[next_rand(c) % (uint64_t)n];
     kill(victim, sig);
     snprintf(r->target, sizeof(r->target), "worker pid %d", (int)victim);
 }
@@ -327,13 +336,10 @@ double chaos_fault_healed_at(const chaos_t *c)
  * place its rank is found a straggler and its node leaves the job. */
 static void straggler(chaos_t *c, chaos_fault_rec_t *r)
 {
-    pid_t w[64];
-    int n = chaos_workers_find(c, w, 64);
-    if (n == 0) {
-        snprintf(r->target, sizeof(r->target), "no worker");
+    pid_t victim = pick_worker(c, r);
+    if (victim < 0) {
         return;
     }
-    pid_t victim = w[next_rand(c) % (uint64_t)n];
     int slot = -1;
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)victim);

@@ -575,18 +575,29 @@ static void two_nodes(const char *nnodes, pid_t *a, pid_t *b)
     two_nodes_sig(nnodes, SIGKILL, a, b);
 }
 
+/* Node b gone (lost, preempted, left behind): node a's workers regroup in place without it,
+ * the test ends the training, and a finishes exactly at world size `world`, never having
+ * restarted from a checkpoint. */
+static void finish_without_b(pid_t a, const char *world)
+{
+    char want[32];
+    snprintf(want, sizeof(want), "world=%s", world);
+    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
+                    "node a did not regroup in place without node b");
+    test_end_training(dir);
+    test_expect_exit(a, 120000, 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", want),
+                  "the job did not finish exactly at world size %s", world);
+    ck_assert_msg(!test_log_has(dir, "a", "resumed from step"),
+                  "the job restarted from its checkpoint");
+}
+
 START_TEST(test_inplace_node_loss)
 {
     pid_t a;
     pid_t b;
     two_nodes("--nnodes=1:2", &a, &b);
-    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
-                    "node a did not regroup without node b");
-    test_end_training(dir);
-    test_expect_exit(a, 120000, 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
-                  "the job did not finish exactly at world size 2");
-    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    finish_without_b(a, "2");
     ck_assert(test_log_has(dir, "a", "table=1"));
     ck_assert_msg(most_rows_from("a", "came from buddy copies") > 0,
                   "node b's rows did not come from their buddy copies on node a");
@@ -885,19 +896,11 @@ START_TEST(test_inplace_preemption)
     two_nodes_sig("--nnodes=1:2", SIGTERM, &a, &b);
     ck_assert_msg(test_log_has(dir, "b", "this node leaves the job: SIGTERM"),
                   "node b did not leave");
-    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
-                    "the survivors did not regroup in place");
-    test_end_training(dir);
-    test_expect_exit(a, 120000, 0);
+    finish_without_b(a, "2");
     /* Rank 0 says how the last checkpoint went: on a, which stays, or on b, which leaves. */
     ck_assert_msg(test_log_has(dir, "a", "a node leaves at step") ||
                       test_log_has(dir, "b", "left at step"),
                   "no last checkpoint before the node left");
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=2"),
-                  "the job did not finish exactly at world size 2");
-    ck_assert_msg(test_log_has(dir, "a", "regrouped: "),
-                  "the survivors did not regroup in place");
-    ck_assert(!test_log_has(dir, "a", "resumed from step"));
     ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
                   "a worker failure was reported for a preemption");
     check_pids("a", 2, 2);
@@ -905,8 +908,9 @@ START_TEST(test_inplace_preemption)
 END_TEST
 
 /* A node whose worker does 6 times the others' work: `regroup status` names its rank, rank
- * 0's log too (the slow rank's own says it asks to leave), and once it has been slow for the window (4 s) its node leaves as a preempted
- * one does; the other finishes exactly, in place, without it. */
+ * 0's log too (the slow rank's own says it asks to leave), and once it has been slow for the
+ * window (4 s) its node leaves as a preempted one does; the other finishes exactly, in
+ * place, without it. */
 START_TEST(test_inplace_straggler_leaves)
 {
     const char *conf = "--rdzv-conf=lease_ttl=2,last_call_timeout=6,join_timeout=8,"
@@ -933,13 +937,7 @@ START_TEST(test_inplace_straggler_leaves)
                   "rank 0 did not log the straggler");
     ck_assert_msg(test_log_has(dir, "b", "straggler: this rank"),
                   "the straggler was not node b's rank");
-    TEST_WAIT_UNTIL(test_log_has(dir, "a", "regrouped: "), 60000,
-                    "node a did not regroup without node b");
-    test_end_training(dir);
-    test_expect_exit(a, 120000, 0);
-    ck_assert_msg(test_log_has(dir, "a", "exact=1") && test_log_has(dir, "a", "world=1"),
-                  "the job did not finish exactly at world size 1");
-    ck_assert(!test_log_has(dir, "a", "resumed from step"));
+    finish_without_b(a, "1");
     ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
                   "a worker failure was reported for a straggler's leaving");
 }
