@@ -163,6 +163,9 @@ typedef enum {
     RG_NOTICE_MSG_JOINED  = 'J',   /* this worker is in the group of the page's round */
     RG_NOTICE_MSG_REGROUP = 'G',   /* this worker's group failed with no member lost (a
                                       deadline passed): open the next round */
+    RG_NOTICE_MSG_LEFT_OUT = 'L',  /* this worker's regroup found its agent no member of
+                                      the job (RG_ELEASE): start new workers, which join
+                                      it; the others do not restart */
     RG_NOTICE_MSG_STRAGGLER = 'S', /* this worker has been a straggler for the window:
                                       take the node out of the job (as a preemption) */
 } rg_notice_msg_t;

@@ -408,10 +408,10 @@ typedef struct {
     bool  ready_seen;                       /* a replacement became ready */
     bool  regroup_asked;                    /* a worker's group failed with no member lost:
                                                it asked for the next round */
-    bool  dropped;                          /* launcher_inplace_rejoin found this agent no
-                                               longer a member of the job (its lease ran
-                                               out): a worker's failure then is no reason to
-                                               restart the others */
+    bool  dropped;                          /* a worker said RG_NOTICE_MSG_LEFT_OUT: this
+                                               agent is no longer a member of the job (its
+                                               lease ran out), and a worker's failure then
+                                               is no reason to restart the others */
     int   straggler_lr;                     /* the local rank that said it is a straggler
                                                (RG_NOTICE_MSG_STRAGGLER), or -1 */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */

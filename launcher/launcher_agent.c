@@ -361,6 +361,12 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 launcher_leave_stop(&lv);   /* within what is left of the notice */
                 return agent_left(ag, &lv);
             }
+            if (ag->ip.dropped && !lv.own) {
+                /* A worker found its agent no member of the job (its lease ran out): the
+                 * others went on without this node. Its workers start again and join the
+                 * running job as newcomers; the job does not restart for them. */
+                return inplace_restart(ag, NULL);
+            }
             if (ag->ip.restart_asked) {
                 return inplace_restart(ag, "a worker could not recover in place");
             }
@@ -612,7 +618,7 @@ static rg_status_t agent_loop(agent_t *ag)
                 /* The job went on without this node: its workers' state is of a round the
                  * others left. They start again, and join as newcomers; the job does not
                  * restart for them (chaos' partition in place restarted every survivor). */
-                rg_info("this node was left out of the job while it was cut off: its workers "
+                rg_info("this node was left out of the job (its lease ran out): its workers "
                         "start again and join the running job");
                 (void)inplace_restart(ag, NULL);
                 resume = false;

@@ -148,6 +148,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
     ip->ready_seen = false;
     ip->regroup_asked = false;
     ip->straggler_lr = -1;
+    ip->dropped = false;
     /* What the stopped workers wrote is about them, not about the new ones. */
     for (int k = 0; k < 64 && ip->pipe_r >= 0 && read(ip->pipe_r, buf, sizeof(buf)) > 0; k++) {
     }
@@ -187,6 +188,10 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
                             "asking for the next round", lr, (int)ws->w[lr].pid);
                     ip->regroup_asked = true;
                 }
+            } else if (msg == RG_NOTICE_MSG_LEFT_OUT) {
+                rg_warn("local rank %d (pid %d): the job went on without this node; its "
+                        "workers start again and join it", lr, (int)ws->w[lr].pid);
+                ip->dropped = true;
             } else if (msg == RG_NOTICE_MSG_STRAGGLER) {
                 if (ip->state[lr] == INPLACE_IN_ROUND && ip->straggler_lr < 0) {
                     ip->straggler_lr = lr;
@@ -377,9 +382,8 @@ launcher_inplace_end_t launcher_inplace_rejoin(const launcher_inplace_env_t *e,
 
     rg_rdzv_set_nproc(e->rdzv, launcher_inplace_members(e->ip, e->ws));
     st = rg_rdzv_next_round(e->rdzv);
-    /* Refused by the fence: this agent is no longer a member (its lease ran out while it was
-     * cut off or stopped), and the job went on without it. */
-    e->ip->dropped = st == RG_ELEASE;
+    /* (A refusal here says nothing of this agent's membership: another agent may have opened
+     * the round first. Only the workers' RG_NOTICE_MSG_LEFT_OUT does: e->ip->dropped.) */
     if (st != RG_OK) {
         rg_warn("cannot open the next round (%s); joining anyway", rg_last_error());
     }

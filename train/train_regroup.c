@@ -662,6 +662,16 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
     }
     char msg[1024];
     snprintf(msg, sizeof(msg), "%s", rg_last_error());
+    if (st == RG_ELEASE) {
+        /* This worker's agent is no member of the job any more (cut off or stopped past its
+         * lease): the job went on without this node, and there is nothing to restart for
+         * it. Its agent starts new workers, which join the running job. */
+        if (!rg_notice_msg_send(RG_NOTICE_MSG_LEFT_OUT, ctx->local_rank)) {
+            rg_warn("cannot tell the agent that this node was left out");
+        }
+        return rg_error(RG_ELEASE, "in-place regroup failed: the job went on without this "
+                        "node (its agent starts new workers, which join it): %s", msg);
+    }
     if (!rg_notice_msg_send(RG_NOTICE_MSG_RESTART, ctx->local_rank)) {
         rg_warn("cannot ask the agent to restart the job");
     }
