@@ -69,7 +69,8 @@ typedef enum {
     F_PEER_PARTITION,   /* a node reaches etcd, not its peers */
     F_ETCD_SILENT,      /* an etcd member alive but silent (SIGSTOP), then SIGCONT */
     F_STRAGGLER,        /* a worker throttled to a quarter of a core (SIGCONT, SIGSTOP in a
-                         * 100 ms cycle); in place only: its node must be left behind */
+                         * 100 ms cycle); in place, --scenario straggler only: its node
+                         * must leave the job */
     F_COUNT
 } chaos_fault_t;
 

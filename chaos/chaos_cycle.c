@@ -85,6 +85,34 @@ static bool partition_rejoined(chaos_t *c, chaos_fault_rec_t *r)
     return rejoined;
 }
 
+/* A straggler's node must leave the job (its agent exits): waits for that, driving the
+ * throttle meanwhile (a worker left stopped would be found hung and replaced, unthrottled),
+ * then for the job's progress without it. Progress alone is no recovery: a round may change
+ * for another reason while the straggler is still in (its node was at the job's minimum
+ * size, or its window had not passed). False if the node did not go. */
+static bool straggler_left(chaos_t *c, chaos_fault_rec_t *r, chaos_progress_t *after)
+{
+    uint64_t until = rg_now_ns() + (uint64_t)CHAOS_RECOVERY_MAX_MS * 1000000ull;
+    int slot = -1;
+    for (int a = 0; a < c->procs.n_slots; a++) {
+        if (c->procs.pid[a] == r->agent_pid) {
+            slot = a;
+        }
+    }
+    while (slot >= 0 && c->procs.alive[slot] && rg_now_ns() < until) {
+        chaos_fault_heal(c, false);
+        chaos_agents_reap(c);
+        rg_sleep_ms(5);
+    }
+    chaos_fault_heal(c, true);
+    if (slot < 0 || c->procs.alive[slot]) {
+        chaos_say("the straggler's node (agent pid %d) did not leave within %d ms",
+                  (int)r->agent_pid, CHAOS_RECOVERY_MAX_MS);
+        return false;
+    }
+    return chaos_wait_progress(c, rg_wall_s(), 0, CHAOS_RECOVERY_MAX_MS, after);
+}
+
 /* The kind to inject next: the schedule's, unless this machine or the scenario rules it out. */
 static chaos_fault_t next_kind(chaos_t *c)
 {
@@ -134,10 +162,12 @@ static bool cycle_one(chaos_t *c, int i)
         min_round = mr + 1;
     }
     chaos_progress_t after;
-    bool ok = chaos_wait_progress(c, r->t_inject, ends ? min_round : 0, CHAOS_RECOVERY_MAX_MS,
-                                  &after);
-    if (kind == F_STRAGGLER) {
-        chaos_fault_heal(c, true);   /* not left stopped while its node goes */
+    bool ok;
+    if (kind == F_STRAGGLER && r->agent_pid > 0) {
+        ok = straggler_left(c, r, &after);
+    } else {
+        ok = chaos_wait_progress(c, r->t_inject, ends ? min_round : 0, CHAOS_RECOVERY_MAX_MS,
+                                 &after);
     }
     if (!chaos_fault_node_returns(kind) && r->agent_pid > 0) {
         /* The next fault is chosen among the agents left: wait for this one to go. */

@@ -61,8 +61,13 @@ bool chaos_fault_needs_net(chaos_fault_t k)
 
 bool chaos_fault_enabled(const chaos_t *c, chaos_fault_t k)
 {
-    if (k == F_STRAGGLER && strcmp(c->opt->recovery, "in-place") != 0) {
-        return false;   /* a straggler's node is left behind only in place */
+    if (k == F_STRAGGLER) {
+        /* A straggler's node is left behind only in place; and only on its own scenario so
+         * far: among the other kinds (the quick run's seed 1) the job was seen regrouping
+         * every few seconds once the straggler was throttled, so that no group lasted its
+         * window, and its node never left (docs/benchmarks.md, "Stragglers"). */
+        return strcmp(c->opt->recovery, "in-place") == 0 &&
+               strcmp(c->opt->scenario, "straggler") == 0;
     }
     if (strcmp(c->opt->scenario, "all") == 0) {
         return true;
