@@ -25,7 +25,6 @@
  */
 #include "train_internal.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
