@@ -45,6 +45,10 @@
 #define RG_STRAGGLER_FACTOR_ENV "REGROUP_STRAGGLER_FACTOR"
 #define RG_STRAGGLER_WINDOW_ENV "REGROUP_STRAGGLER_WINDOW_MS"
 #define RG_STRAGGLER_EVICT_ENV  "REGROUP_STRAGGLER_EVICT"
+/* --health-check: off, warn or evict (train/train_health.c), and the bytes of each link's
+ * test (per direction and repetition; 4 MiB by default). */
+#define RG_HEALTH_CHECK_ENV       "REGROUP_HEALTH_CHECK"
+#define RG_HEALTH_CHECK_BYTES_ENV "REGROUP_HEALTH_CHECK_BYTES"
 /* In an in-place job, the node copies of the workers' sharded tables (rg_train_table_t,
  * train/train_table.c owns their format): one memfd per local rank, made empty by the agent
  * and inherited by every worker of the node, named in local rank order by
@@ -168,6 +172,8 @@ typedef enum {
                                       it; the others do not restart */
     RG_NOTICE_MSG_STRAGGLER = 'S', /* this worker has been a straggler for the window:
                                       take the node out of the job (as a preemption) */
+    RG_NOTICE_MSG_HEALTH = 'H',    /* this worker's node failed the health check
+                                      (--health-check=evict): take it out of the job */
 } rg_notice_msg_t;
 
 /* Sends msg for local_rank on $REGROUP_AGENT_PIPE_FD (never blocks; false if there is no

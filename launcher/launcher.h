@@ -56,7 +56,7 @@ typedef enum {
     RG_AGENT_RECOVERY,
     RG_AGENT_MONITOR, RG_AGENT_HANG, RG_AGENT_STRAGGLER_FACTOR, RG_AGENT_STRAGGLER_WINDOW,
     RG_AGENT_GRACE, RG_AGENT_ROLE, RG_AGENT_LOG_DIR, RG_AGENT_REDIRECTS, RG_AGENT_TEE,
-    RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE,
+    RG_AGENT_RANKS_FILTER, RG_AGENT_NUMA, RG_AGENT_NOTICE, RG_AGENT_HEALTH,
     RG_AGENT_PRELOAD, RG_AGENT_LOCAL_ADDR, RG_AGENT_STANDALONE, RG_AGENT_USER, RG_AGENT_PASSWORD,
     RG_AGENT_CACERT, RG_AGENT_CERT, RG_AGENT_KEY, RG_AGENT_NO_PYTHON, RG_AGENT_MODULE,
     RG_AGENT_PROGRAM, RG_AGENT_ENV, RG_AGENT_NFIELDS
@@ -86,6 +86,13 @@ typedef enum {
     RG_AGENT_NOTICE_AZURE,          /* Azure Scheduled Events: Preempt, Terminate */
     RG_AGENT_NOTICE_AUTO,           /* the first of those that answers */
 } rg_agent_notice_t;
+/* --health-check: what the workers do before a group trains (train/train_health.c). */
+typedef enum {
+    RG_AGENT_HEALTH_OFF,            /* nothing (the default) */
+    RG_AGENT_HEALTH_WARN,           /* measure the links; name a node far below the others */
+    RG_AGENT_HEALTH_EVICT,          /* and (in place) that node leaves as a preempted one */
+} rg_agent_health_t;
+
 /* --recovery: how the job recovers from a failure or a membership change. */
 typedef enum {
     RG_AGENT_RECOVERY_RESTART,      /* stop every worker, start fresh ones from the last
@@ -125,6 +132,7 @@ typedef struct {
                                      * asked to leave (train/train_straggler.c); 0 = off, else
                                      * 1.1..1000 */
     int64_t     straggler_window_ms;/* 1..86400 s; 30 s */
+    rg_agent_health_t health;       /* --health-check */
     int64_t     hang_ms;            /* a worker of the worker API whose heartbeat (rg_beat.h)
                                      * is older than this is hung: killed, a failure; 0 = off,
                                      * else 0.2..3600 s */
@@ -412,8 +420,10 @@ typedef struct {
                                                agent is no longer a member of the job (its
                                                lease ran out), and a worker's failure then
                                                is no reason to restart the others */
-    int   straggler_lr;                     /* the local rank that said it is a straggler
-                                               (RG_NOTICE_MSG_STRAGGLER), or -1 */
+    int   unfit_lr;                         /* the local rank that said its node should
+                                               leave (RG_NOTICE_MSG_STRAGGLER or
+                                               RG_NOTICE_MSG_HEALTH), or -1 */
+    int   unfit_msg;                        /*   which of the two */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
     int64_t term_end_ms;                    /* SIGTERM came while this node rejoined: it
                                                leaves once in the round (its workers take

@@ -235,28 +235,36 @@ static round_end_t inplace_respawn_due(agent_t *ag, const launcher_spawn_t *sp0)
     return ROUND_IN_PLACE;
 }
 
-/* A local rank said it has been a straggler for the window (train/train_straggler.c): the
- * node leaves as a preempted one does (its workers take the last checkpoint, the others
+/* A local rank said its node is unfit for the job: it has been a straggler for the window
+ * (train/train_straggler.c) or its links failed the health check (train/train_health.c).
+ * The node leaves as a preempted one does (its workers take the last checkpoint, the others
  * regroup in place without it), unless the job would fall below its minimum size. */
-static void straggler_leaves(agent_t *ag, const rg_rdzv_assignment_t *asg, launcher_leave_t *lv)
+static void unfit_leaves(agent_t *ag, const rg_rdzv_assignment_t *asg, launcher_leave_t *lv)
 {
     const rg_agent_params_t *cfg = ag->cfg;
-    int lr = ag->ip.straggler_lr;
+    int lr = ag->ip.unfit_lr;
+    bool straggler = ag->ip.unfit_msg == RG_NOTICE_MSG_STRAGGLER;
     char why[LAUNCHER_NOTICE_REASON_MAX];
 
-    ag->ip.straggler_lr = -1;
+    ag->ip.unfit_lr = -1;
     if (lv->own) {
         return;   /* leaving already */
     }
     if (asg->n_members <= cfg->min_nodes) {
-        rg_warn("straggler: local rank %d (pid %d) is slower than the others, but the job "
-                "is at its minimum size (%d nodes): this node stays", lr,
-                (int)ag->ws.w[lr].pid, cfg->min_nodes);
+        rg_warn("%s: local rank %d (pid %d) is slower than the others, but the job is at its "
+                "minimum size (%d nodes): this node stays",
+                straggler ? "straggler" : "health check", lr, (int)ag->ws.w[lr].pid,
+                cfg->min_nodes);
         return;
     }
-    snprintf(why, sizeof(why), "straggler: local rank %d computed over %gx the others' "
-             "median for %g s", lr, cfg->straggler_factor,
-             (double)cfg->straggler_window_ms / 1000);
+    if (straggler) {
+        snprintf(why, sizeof(why), "straggler: local rank %d computed over %gx the others' "
+                 "median for %g s", lr, cfg->straggler_factor,
+                 (double)cfg->straggler_window_ms / 1000);
+    } else {
+        snprintf(why, sizeof(why), "health check: local rank %d failed it (slow links or "
+                 "wrong data)", lr);
+    }
     launcher_leave_begin(lv, why, rg_notice_now_ms() + cfg->grace_ms);
 }
 
@@ -370,8 +378,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
             if (ag->ip.restart_asked) {
                 return inplace_restart(ag, "a worker could not recover in place");
             }
-            if (ag->ip.straggler_lr >= 0) {
-                straggler_leaves(ag, asg, &lv);
+            if (ag->ip.unfit_lr >= 0) {
+                unfit_leaves(ag, asg, &lv);
             }
         }
         if (read_signals(ag, &child)) {

@@ -17,14 +17,14 @@ typedef enum {
     O_MAX_RESTARTS, O_MONITOR, O_ROLE, O_LOG_DIR, O_REDIRECTS, O_TEE, O_LOCAL_ADDR,
     O_NO_PYTHON, O_MODULE, O_PRELOAD, O_NODE_RANK, O_HELP, O_PRINT_CONFIG, O_GRACE, O_MASTER,
     O_START_METHOD, O_RUN_PATH, O_LOGS_SPECS, O_RANKS_FILTER, O_NUMA, O_EVENT_LOG,
-    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_RECOVERY, O_COUNT
+    O_VIRTUAL_LOCAL_RANK, O_SIGNALS, O_NOTICE, O_RECOVERY, O_HEALTH, O_COUNT
 } opt_id_t;
 
 typedef struct {
     const char *name;     /* dashed spelling; the underscored one is accepted too */
     char        short_name;
     opt_id_t    id;
-    bool        value;
+    bool        value;    /* takes a value (for a flag: may take one, as --flag=V) */
     const char *env;      /* REGROUP_* variable read when the flag is absent */
     int         field;    /* the rg_agent_field_t it sets, -1 if none */
 } opt_t;
@@ -63,6 +63,7 @@ static const opt_t opts[] = {
     {"virtual-local-rank", 0, O_VIRTUAL_LOCAL_RANK, false, NULL, -1},
     {"signals-to-handle", 0, O_SIGNALS, true, NULL, -1},
     {"preemption-notice", 0, O_NOTICE, true, "REGROUP_PREEMPTION_NOTICE", RG_AGENT_NOTICE},
+    {"health-check", 0, O_HEALTH, false, "REGROUP_HEALTH_CHECK", RG_AGENT_HEALTH},
 };
 
 /* torchrun's options that it also reads from PET_<NAME> (its `env` action): all of them but
@@ -70,7 +71,8 @@ static const opt_t opts[] = {
 static bool has_pet(const opt_t *o)
 {
     return o->id != O_HELP && o->id != O_PRINT_CONFIG && o->id != O_GRACE &&
-           o->id != O_NOTICE && o->id != O_RECOVERY && o->id != O_PRELOAD;
+           o->id != O_NOTICE && o->id != O_RECOVERY && o->id != O_PRELOAD &&
+           o->id != O_HEALTH;
 }
 
 /* "PET_NPROC_PER_NODE" for nproc-per-node. */
@@ -142,6 +144,11 @@ void launcher_usage(FILE *out)
 "                            SIGTERM, its workers taking a last checkpoint before the time\n"
 "                            the notice gives; REGROUP_METADATA_URL replaces the services'\n"
 "                            base URL (http://169.254.169.254)\n"
+"  --health-check[=warn|evict|off]  before a group trains (the job's start, a restart, a\n"
+"                            node joining in place), measure every rank's links and an\n"
+"                            allreduce over the group's transport; name a node whose best\n"
+"                            link is 4x below the others' median, or that corrupts data;\n"
+"                            evict (in place): that node leaves as if preempted\n"
 "  --start-method, --event-log-handler, --signals-to-handle  accepted, no effect\n"
 "  --run-path, --logs-specs, --virtual-local-rank  refused, saying why\n"
 "  --master-addr, --master-port  torchrun's static rendezvous: not supported; use\n"
@@ -564,6 +571,18 @@ static int apply(rg_agent_params_t *p, const opt_t *o, const char *v, const char
             return bad_src(o, src, v, "expected restart or in-place");
         }
         break;
+    case O_HEALTH:
+        /* (The flag alone: warn.) */
+        if (v[0] == '\0' || strcmp(v, "warn") == 0) {
+            p->health = RG_AGENT_HEALTH_WARN;
+        } else if (strcmp(v, "evict") == 0) {
+            p->health = RG_AGENT_HEALTH_EVICT;
+        } else if (strcmp(v, "off") == 0) {
+            p->health = RG_AGENT_HEALTH_OFF;
+        } else {
+            return bad_src(o, src, v, "expected warn, evict or off");
+        }
+        break;
     case O_MASTER: return bad_src(o, src, v, static_why);
     case O_PRINT_CONFIG: *print_config = true; break;
     case O_HELP:
@@ -637,7 +656,7 @@ static int parse_arg(int argc, char **argv, int *i, rg_agent_params_t *p, bool *
             return bad(o->name, NULL, "needs a value");
         }
         v = argv[++*i];
-    } else if (!o->value && v != NULL) {
+    } else if (!o->value && v != NULL && o->id != O_HEALTH) {
         return bad(o->name, v, "takes no value");
     }
     if (seen[o->id] && o->id != O_RDZV_CONF) {

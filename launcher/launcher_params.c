@@ -45,6 +45,7 @@ static const field_t fields[RG_AGENT_NFIELDS] = {
     [RG_AGENT_RANKS_FILTER] = {"local_ranks_filter", "local-ranks-filter", NULL, K_STR, true},
     [RG_AGENT_NUMA] = {"numa_binding", "numa-binding", NULL, K_STR, true},
     [RG_AGENT_NOTICE] = {"preemption_notice", "preemption-notice", NULL, K_STR, true},
+    [RG_AGENT_HEALTH] = {"health_check", "health-check", NULL, K_STR, true},
     [RG_AGENT_PRELOAD] = {"preload", "preload", NULL, K_STR, true},
     [RG_AGENT_LOCAL_ADDR] = {"local_addr", "local-addr", NULL, K_STR, true},
     [RG_AGENT_STANDALONE] = {"standalone", "standalone", NULL, K_BOOL, false},
@@ -166,6 +167,12 @@ static void value_str(const rg_agent_params_t *p, rg_agent_field_t f, char *buf,
     case RG_AGENT_NOTICE: {
         static const char *const names[] = {"none", "aws", "gce", "azure", "auto"};
         snprintf(buf, len, "%s", (unsigned)p->notice < RG_ARRAY_SIZE(names) ? names[p->notice]
+                                                                             : "?");
+        break;
+    }
+    case RG_AGENT_HEALTH: {
+        static const char *const names[] = {"off", "warn", "evict"};
+        snprintf(buf, len, "%s", (unsigned)p->health < RG_ARRAY_SIZE(names) ? names[p->health]
                                                                              : "?");
         break;
     }
@@ -313,6 +320,14 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
         return BAD(RG_AGENT_STRAGGLER_FACTOR, "a straggler's node leaves as a preempted one "
                    "does and the job regroups in place without it: it needs "
                    "--recovery=in-place");
+    }
+    if ((unsigned)p->health > RG_AGENT_HEALTH_EVICT) {
+        return BAD(RG_AGENT_HEALTH, "expected off, warn or evict");
+    }
+    if (p->health == RG_AGENT_HEALTH_EVICT && p->recovery != RG_AGENT_RECOVERY_IN_PLACE) {
+        return BAD(RG_AGENT_HEALTH, "evict: a node that fails the check leaves as a preempted "
+                   "one does and the job regroups in place without it: it needs "
+                   "--recovery=in-place (warn names it in either mode)");
     }
     if (p->straggler_window_ms < 1000 || p->straggler_window_ms > 86400000) {
         return BAD(RG_AGENT_STRAGGLER_WINDOW, "expected seconds in 1..86400");

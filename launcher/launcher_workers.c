@@ -150,6 +150,10 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
         env_add(e, RG_STRAGGLER_FACTOR_ENV, "%g", cfg->straggler_factor);
         env_add(e, RG_STRAGGLER_EVICT_ENV, "1");
     }
+    /* Always said, as the recovery is. */
+    env_add(e, RG_HEALTH_CHECK_ENV, "%s", cfg->health == RG_AGENT_HEALTH_EVICT  ? "evict"
+                                          : cfg->health == RG_AGENT_HEALTH_WARN ? "warn"
+                                                                                : "off");
     if (cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE) {
         if (sp->pipe_fd >= 0) {
             env_add(e, RG_NOTICE_PIPE_ENV, "%d", sp->pipe_fd);

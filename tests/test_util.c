@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -315,7 +317,8 @@ bool test_etcd_start(test_etcd_t *t, const test_etcd_opts_t *opts)
 {
     static const test_etcd_opts_t plain = {.members = 1};
     const test_etcd_opts_t *o = opts != NULL ? opts : &plain;
-    rg_etcd_server_params_t sp = {.members = o->members, .extra_flags = o->extra_flags};
+    rg_etcd_server_params_t sp = {.members = o->members, .extra_flags = o->extra_flags,
+                                  .also_host = o->also_host};
     char srv_cert[300];
     char srv_key[300];
     char flags[1024];
@@ -389,6 +392,102 @@ void test_etcd_down(test_etcd_t *t)
         }
         t->certs[0] = '\0';
     }
+}
+
+/* ---- a network of nodes ----------------------------------------------------------------- */
+
+/* Runs argv (no shell), its output appended to $TMPDIR/net.log; true if it exited 0. */
+static bool net_run(const char *const *argv)
+{
+    char log[512];
+    const char *tmp = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+    snprintf(log, sizeof(log), "%s/net.log", tmp);
+    return test_run((char *const *)argv, log, 30000) == 0;
+}
+
+#define NET_RUN(...) net_run((const char *const[]){__VA_ARGS__, NULL})
+
+static void net_remove(const char *name)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
+    umount2(path, MNT_DETACH);
+    unlink(path);
+}
+
+void test_net_up(test_net_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    DIR *d = opendir("/var/run/netns");
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        int pid;
+        int k;
+        if (sscanf(e->d_name, "rgt-%d-%d", &pid, &k) == 2 && pid > 0 && kill(pid, 0) != 0 &&
+            errno == ESRCH) {
+            net_remove(e->d_name);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    ck_assert_msg(unshare(CLONE_NEWNET) == 0, "cannot make a network namespace: %s",
+                  strerror(errno));
+    t->on = true;
+    ck_assert_msg(NET_RUN("ip", "link", "set", "lo", "up") &&
+                      NET_RUN("ip", "link", "add", "rgt-br", "type", "bridge") &&
+                      NET_RUN("ip", "addr", "add", TEST_NET_HUB "/16", "dev", "rgt-br") &&
+                      NET_RUN("ip", "link", "set", "rgt-br", "up"),
+                  "cannot set up the bridge (see $TMPDIR/net.log)");
+}
+
+void test_net_addr(int k, char *out, size_t cap)
+{
+    snprintf(out, cap, "10.215.1.%d", k + 1);
+}
+
+const char *test_net_name(const test_net_t *t, int k)
+{
+    return t->name[k];
+}
+
+void test_net_node(test_net_t *t, int k, const char *rate)
+{
+    char host[32];
+    char addr[40];
+    char *name = t->name[k];
+    ck_assert(t->on && k >= 0 && k < TEST_NET_MAX && name[0] == '\0');
+    snprintf(name, sizeof(t->name[k]), "rgt-%d-%d", (int)getpid(), k);
+    snprintf(host, sizeof(host), "rgt-h%d", k);
+    test_net_addr(k, addr, sizeof(addr));
+    strcat(addr, "/16");
+    t->n = RG_MAX(t->n, k + 1);
+    bool ok = NET_RUN("ip", "netns", "add", name) &&
+              NET_RUN("ip", "link", "add", host, "type", "veth", "peer", "name", "veth0",
+                      "netns", name) &&
+              NET_RUN("ip", "link", "set", host, "master", "rgt-br", "up") &&
+              NET_RUN("ip", "-n", name, "addr", "add", addr, "dev", "veth0") &&
+              NET_RUN("ip", "-n", name, "link", "set", "veth0", "up") &&
+              NET_RUN("ip", "-n", name, "link", "set", "lo", "up");
+    if (ok && rate != NULL) {
+        /* Both ways: the bridge's side sends to the node, veth0 from it. */
+        ok = NET_RUN("tc", "qdisc", "add", "dev", host, "root", "tbf", "rate", rate, "burst",
+                     "64kb", "latency", "400ms") &&
+             NET_RUN("tc", "-n", name, "qdisc", "add", "dev", "veth0", "root", "tbf", "rate",
+                     rate, "burst", "64kb", "latency", "400ms");
+    }
+    ck_assert_msg(ok, "cannot make node %d's namespace (see $TMPDIR/net.log)", k);
+}
+
+void test_net_down(test_net_t *t)
+{
+    for (int k = 0; k < t->n && k < TEST_NET_MAX; k++) {
+        if (t->name[k][0] != '\0') {
+            net_remove(t->name[k]);
+            t->name[k][0] = '\0';
+        }
+    }
+    t->on = false;
 }
 
 /* Runs one openssl command in dir, its output appended to dir/openssl.log. */

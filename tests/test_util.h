@@ -142,6 +142,7 @@ typedef struct {
     bool        tls;          /* clients over TLS, with certificates made for the test */
     bool        client_certs; /* tls, and clients must show a certificate signed by the CA */
     bool        auth;         /* user root (TEST_ETCD_PASSWORD), auth enabled (with tls too) */
+    const char *also_host;    /* serve clients on this address too (TEST_NET_HUB) */
 } test_etcd_opts_t;
 
 typedef struct {
@@ -163,6 +164,32 @@ void test_etcd_up(test_etcd_t *t, const test_etcd_opts_t *opts);
 /* Stops it by pid and removes its data dir and certificates. Safe twice and on a zeroed
  * struct. */
 void test_etcd_down(test_etcd_t *t);
+
+/* ---- a network of nodes (network namespaces) ------------------------------------------ */
+
+/* test_net_up moves the test's process into a network namespace of its own, with loopback
+ * and a bridge at TEST_NET_HUB (where the test's etcd also serves: .also_host); each node k
+ * gets a namespace with veth0 at test_net_addr(k), linked to the bridge. The namespaces are
+ * named after the test's pid: test_net_down removes them, and test_net_up removes those of
+ * earlier tests whose process is gone (a failed test _exits without its teardown). */
+#define TEST_NET_MAX 8
+#define TEST_NET_HUB "10.215.0.1"
+
+typedef struct {
+    bool on;
+    int  n;
+    char name[TEST_NET_MAX][64];
+} test_net_t;
+
+/* Fails the test if the machine does not allow it (it needs root and iproute2). */
+void        test_net_up(test_net_t *t);
+/* Node k's namespace (0 <= k < TEST_NET_MAX); rate: its link limited to this many bits a
+ * second each way (tc's token bucket: "200mbit"), or NULL. Fails the test if it cannot. */
+void        test_net_node(test_net_t *t, int k, const char *rate);
+const char *test_net_name(const test_net_t *t, int k);
+void        test_net_addr(int k, char *out, size_t cap);
+/* Removes the nodes' namespaces (their links go with them). Safe twice and on a zeroed one. */
+void        test_net_down(test_net_t *t);
 
 /* Makes, with the openssl command (no shell), in dir: a test CA (ca.pem, ca.key), a
  * certificate it signed for a server on 127.0.0.1 (srv.pem, srv.key, which also allows client

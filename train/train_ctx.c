@@ -143,6 +143,9 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
             train_group_watch(ctx, ctx->round, ctx->world, &env->params);
         }
         st = rg_comm_create(&env->params, &ctx->comm);
+        if (st == RG_OK) {
+            st = train_health_check(ctx, ctx->restart_count > 0 ? "a restart" : "the start");
+        }
         if (st != RG_OK) {
             goto err;
         }

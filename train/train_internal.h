@@ -56,6 +56,12 @@ bool train_straggler_sample(rg_train_ctx_t *ctx);
  * group's errors, RG_ENOMEM. */
 rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx) RG_NODISCARD;
 
+/* train_health.c: collective, on a group that has not trained yet (`when` says which, for
+ * the log), under --health-check (REGROUP_HEALTH_CHECK): measures the ranks' links and a small
+ * allreduce, names the ranks far below the others, and with evict asks the agent of the worst
+ * to take its node out of the job. RG_OK when off; the group's errors, RG_ENOMEM. */
+rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when) RG_NODISCARD;
+
 /* train_progress.c: the thread that writes the worker's progress records. */
 typedef struct train_progress train_progress_t;
 

@@ -38,7 +38,8 @@
 #define NEWER_WAIT_MS       200     /* after a failed attempt: a newer round, or the same */
 #define ASK_ROUND_MS        1000    /* past the lease TTL with no round: ask for one */
 #define SPARE_READY_MS      2000    /* a newcomer waits this long at most for its UCX worker */
-#define AGREE_WORDS         4       /* each member's step, buffer count, bytes and chunk */
+#define AGREE_WORDS         5       /* each member's step, buffer count, bytes, chunk, and
+                                     * whether it is a newcomer */
 #define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
 #define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES: at most; */
@@ -384,9 +385,12 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     mine[1] = (int64_t)rs->n_bufs;
     mine[2] = (int64_t)total;
     mine[3] = (int64_t)xfer_chunk_bytes();
+    mine[4] = ctx->joining;
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, words, AGREE_WORDS, RG_DTYPE_I64,
                            NULL);
+    bool newcomer = false;
     for (int r = 0; st == RG_OK && r < world; r++) {
+        newcomer |= words[(size_t)r * AGREE_WORDS + 4] != 0;
         steps[r] = words[(size_t)r * AGREE_WORDS];
         best = RG_MAX(best, steps[r]);
         differ |= words[(size_t)r * AGREE_WORDS + 1] != mine[1] ||
@@ -400,6 +404,10 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         st = rg_error(RG_EINVAL, "regroup: the members' state buffers differ in count or "
                       "size (this rank: %zu buffers, %zu bytes), or a chunk size is out of "
                       "range", rs->n_bufs, total);
+    }
+    if (st == RG_OK && newcomer) {
+        /* (Before the state moves: a newcomer whose node is far below the others leaves.) */
+        st = train_health_check(ctx, "a newcomer joins");
     }
     if (st == RG_OK && best >= 0 && rs->table != NULL) {
         st = train_table_find(ctx, rs->table, steps, &best, &view);
