@@ -1,8 +1,9 @@
 /*
  * `regroup --health-check` through real agents, workers, etcd and UCX (train_health.c).
  *
- * - passes: three workers on the loopback device; the check runs at the job's start, names
- *   nobody and the job trains exactly (label c: under the sanitizers too).
+ * - passes: three workers of one node; the check runs at the job's start, measures, names
+ *   nobody (one node: no network to judge) and the job trains exactly (label c: under the
+ *   sanitizers too).
  * - a slow node: three nodes in network namespaces of their own, over tcp on their veths;
  *   node c's link is limited to 200 Mbit/s each way (tc's token bucket). c joins the running
  *   job in place; the check of that round names c's rank, c's agent leaves as a preempted
@@ -45,7 +46,8 @@ START_TEST(test_health_check_passes)
     int rc = test_run(argv, log, 120000);
     unsetenv("REGROUP_LOG_LEVEL");
     ck_assert_msg(rc == 0, "the job exited %d", rc);
-    ck_assert_msg(test_log_has(dir, "job", "health check (the start) of round 0: 3 ranks") &&
+    ck_assert_msg(test_log_has(dir, "job",
+                               "health check (the start) of round 0: 3 ranks on 1 node,") &&
                       test_log_has(dir, "job", "0 named"),
                   "the check did not run at the job's start, or named a rank");
     ck_assert(test_log_has(dir, "job", "exact=1"));

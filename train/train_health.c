@@ -18,7 +18,10 @@
  * The verdict, the same on every rank (the figures are allgathered): a rank's figure is its
  * best link; it is named when that is below the median of the others' figures over factor. A
  * node whose network is slow has every link slow; its neighbours keep one good link each.
- * With fewer than three ranks there is nobody to compare with: the figures are logged only.
+ * A rank is named only when a second measurement (taken only then) finds it slow again: on
+ * a loaded machine one measurement of shared-memory links was seen 6x off. With fewer than
+ * three nodes there is no network to compare (one node) or no telling which end of it is
+ * slow (two): the figures are logged only. Wrong data names a rank whatever the count.
  */
 #include "train_internal.h"
 
@@ -32,6 +35,7 @@
 #define HEALTH_REPS           3
 #define HEALTH_FACTOR_DEFAULT 4.0
 #define HEALTH_ALLREDUCE_REPS 9
+#define HEALTH_ATTEMPTS       2            /* measurements that must agree to name a rank */
 #define HEALTH_FIGURES        4            /* per rank: best link, worst link, allreduce, bad */
 #define TAG_HEALTH            0xfffb0000u  /* + 0: the warm-up, + 1: the data */
 
@@ -244,6 +248,26 @@ static rg_status_t time_allreduce(rg_train_ctx_t *ctx, double *us, bool *bad)
     return st;
 }
 
+/* One measurement: the links, the allreduce, and every rank's figures into fig (n x
+ * HEALTH_FIGURES: best link, worst link, allreduce us, bad data). *us: this rank's allreduce. */
+static rg_status_t measure(rg_train_ctx_t *ctx, const int *order, size_t bytes, double *fig,
+                           double *us)
+{
+    double link[2] = {-1, -1};
+    bool bad = false;
+    rg_status_t st = measure_links(ctx, order, bytes, link, &bad);
+    if (st == RG_OK) {
+        st = time_allreduce(ctx, us, &bad);
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    double mine[HEALTH_FIGURES] = {RG_MAX(link[0], link[1]),
+                                   link[1] < 0 ? link[0] : RG_MIN(link[0], link[1]), *us,
+                                   bad ? 1 : 0};
+    return rg_comm_allgather(ctx->comm, mine, fig, HEALTH_FIGURES, RG_DTYPE_F64, NULL);
+}
+
 /* The median of the figures of every rank but `but`. */
 static double median_others(const double *fig, int n, int but, double *tmp)
 {
@@ -271,9 +295,12 @@ rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
     int *order = calloc((size_t)n, sizeof(int));
     double *fig = calloc((size_t)n, HEALTH_FIGURES * sizeof(double));
     double *tmp = calloc((size_t)n, sizeof(double));
+    bool *suspect = calloc((size_t)n, sizeof(bool));
+    double factor = HEALTH_FACTOR_DEFAULT;
     rg_status_t st = RG_OK;
 
-    if (keys == NULL || ring == NULL || order == NULL || fig == NULL || tmp == NULL) {
+    if (keys == NULL || ring == NULL || order == NULL || fig == NULL || tmp == NULL ||
+        suspect == NULL) {
         st = rg_error(RG_ENOMEM, "health check of %d ranks", n);
         goto out;
     }
@@ -291,64 +318,77 @@ rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
         order[r] = ring[r].rank;
     }
 
-    double link[2] = {-1, -1};
-    bool bad = false;
-    double us = 0;
-    st = measure_links(ctx, order, bytes, link, &bad);
-    if (st == RG_OK) {
-        st = time_allreduce(ctx, &us, &bad);
-    }
-    if (st != RG_OK) {
-        goto out;
-    }
-    double my_fig[HEALTH_FIGURES] = {RG_MAX(link[0], link[1]),
-                                     link[1] < 0 ? link[0] : RG_MIN(link[0], link[1]), us,
-                                     bad ? 1 : 0};
-    st = rg_comm_allgather(ctx->comm, my_fig, fig, HEALTH_FIGURES, RG_DTYPE_F64, NULL);
-    if (st != RG_OK) {
-        goto out;
+    int nodes = 0;   /* (ring is sorted by local rank first: count the distinct keys) */
+    for (int r = 0; r < n; r++) {
+        bool seen = false;
+        for (int q = 0; q < r && !seen; q++) {
+            seen = keys[2 * q] == keys[2 * r];
+        }
+        nodes += !seen;
     }
 
-    double factor = HEALTH_FACTOR_DEFAULT;
+    /* A rank is named only when two measurements in a row find it below the others: on a
+     * loaded machine one measurement can be a few times off (a rank descheduled during its
+     * edge). The second is taken only when the first named someone. */
     int named = 0;
     int worst = -1;
     double worst_ratio = 0;
-    double sum_best = 0;
-    for (int r = 0; r < n; r++) {
-        sum_best += fig[(size_t)r * HEALTH_FIGURES];
-    }
-    for (int r = 0; r < n; r++) {
-        const double *f = &fig[(size_t)r * HEALTH_FIGURES];
-        bool corrupt = f[3] != 0;
-        double med = n >= 3 ? median_others(fig, n, r, tmp) : 0;
-        bool slow = n >= 3 && f[0] * factor < med;
-        if (!corrupt && !slow) {
-            continue;
+    double us = 0;
+    for (int attempt = 0; attempt < HEALTH_ATTEMPTS; attempt++) {
+        st = measure(ctx, order, bytes, fig, &us);
+        if (st != RG_OK) {
+            goto out;
         }
-        named++;
-        double ratio = corrupt ? 1e300 : med / RG_MAX(f[0], 1e-9);
-        if (worst < 0 || ratio > worst_ratio) {
-            worst = r;
-            worst_ratio = ratio;
-        }
-        if (ctx->rank == 0) {
-            if (corrupt) {
-                rg_warn("health check: rank %d received wrong data over its links or in the "
-                        "allreduce", r);
-            } else {
-                rg_warn("health check: rank %d reaches %.3g Gbit/s on its best link, %.1fx "
-                        "below the others' median (%.3g Gbit/s)%s", r, f[0], med / f[0], med,
-                        mode == HEALTH_EVICT ? "" : " (--health-check=evict would take its "
-                        "node out of the job)");
+        int was_named = named;
+        named = 0;
+        worst = -1;
+        for (int r = 0; r < n; r++) {
+            const double *f = &fig[(size_t)r * HEALTH_FIGURES];
+            bool corrupt = f[3] != 0;
+            double med = nodes >= 3 ? median_others(fig, n, r, tmp) : 0;
+            bool slow = nodes >= 3 && f[0] * factor < med;
+            suspect[r] = (corrupt || slow) && (attempt == 0 || suspect[r]);
+            if (!suspect[r]) {
+                continue;
             }
+            named++;
+            double ratio = corrupt ? 1e300 : med / RG_MAX(f[0], 1e-9);
+            if (worst < 0 || ratio > worst_ratio) {
+                worst = r;
+                worst_ratio = ratio;
+            }
+            if (ctx->rank == 0 && attempt == HEALTH_ATTEMPTS - 1) {
+                if (corrupt) {
+                    rg_warn("health check: rank %d received wrong data over its links or in "
+                            "the allreduce", r);
+                } else {
+                    rg_warn("health check: rank %d reaches %.3g Gbit/s on its best link, %.1fx "
+                            "below the others' median (%.3g Gbit/s), twice%s", r, f[0],
+                            med / f[0], med, mode == HEALTH_EVICT ? "" : " (--health-check="
+                            "evict would take its node out of the job)");
+                }
+            }
+        }
+        if (named == 0) {
+            if (ctx->rank == 0 && attempt > 0) {
+                rg_info("health check: the %d rank%s below the others in the first "
+                        "measurement %s not in the second", was_named, was_named > 1 ? "s" : "",
+                        was_named > 1 ? "were" : "was");
+            }
+            break;
         }
     }
     if (ctx->rank == 0) {
-        rg_info("health check (%s) of round %d: %d ranks, best links %.3g Gbit/s on average, "
-                "allreduce %.0f us, %d named, in %.3f s", when, ctx->round, n,
-                sum_best / n, us, named, (double)(rg_now_ns() - t0) / 1e9);
+        double sum_best = 0;
+        for (int r = 0; r < n; r++) {
+            sum_best += fig[(size_t)r * HEALTH_FIGURES];
+        }
+        rg_info("health check (%s) of round %d: %d ranks on %d node%s, best links %.3g "
+                "Gbit/s on average, allreduce %.0f us, %d named%s, in %.3f s", when, ctx->round,
+                n, nodes, nodes > 1 ? "s" : "", sum_best / n, us, named, nodes < 3 ? " (fewer than 3 nodes: figures "
+                "only)" : "", (double)(rg_now_ns() - t0) / 1e9);
     }
-    if (mode == HEALTH_EVICT && worst == ctx->rank) {
+    if (mode == HEALTH_EVICT && named > 0 && worst == ctx->rank) {
         const double *f = &fig[(size_t)worst * HEALTH_FIGURES];
         rg_warn("health check: this rank (%d) %s: asking the agent to take its node out of the "
                 "job", ctx->rank, f[3] != 0 ? "received wrong data" : "has the slowest links");
@@ -362,5 +402,6 @@ out:
     free(order);
     free(fig);
     free(tmp);
+    free(suspect);
     return st;
 }
