@@ -350,7 +350,9 @@ typedef struct {
                                                  their writes with (rdzv_fence.h); NULL: none */
     int                         pipe_fd;      /* in place: the write end of the agent's pipe,
                                                  $REGROUP_AGENT_PIPE_FD; -1: none */
-    bool                        join;         /* a replacement: $REGROUP_INPLACE_JOIN=1 */
+    bool                        join;         /* a newcomer: $REGROUP_INPLACE_JOIN=1 */
+    bool                        replacement;  /*   of a dead worker (not of a node that
+                                               *   joins): $REGROUP_INPLACE_REPLACEMENT=1 */
     const int                  *table_fds;    /* in place: the node copies, one per local
                                                  rank, inherited by each worker
                                                  ($REGROUP_TABLE_FDS, rg_notice.h); NULL */

@@ -220,6 +220,7 @@ static round_end_t inplace_respawn_due(agent_t *ag, const launcher_spawn_t *sp0)
         }
         launcher_spawn_t sp = *sp0;
         sp.join = true;
+        sp.replacement = true;
         rg_beat_host_reset(&ag->beat, i);   /* the replacement arms it with its first beat */
         rg_status_t st = launcher_workers_respawn(&ag->ws, &sp, &ag->child_mask, i);
         if (st != RG_OK) {

@@ -160,6 +160,9 @@ static rg_status_t env_build(worker_env_t *e, const launcher_spawn_t *sp,
         }
         if (sp->join) {
             env_add(e, RG_NOTICE_JOIN_ENV, "1");
+            if (sp->replacement) {
+                env_add(e, RG_NOTICE_REPLACEMENT_ENV, "1");
+            }
             env_add(e, RG_NOTICE_JOIN_MS_ENV, "%lld", 2 * (long long)cfg->join_timeout_ms);
         }
     }

@@ -7,8 +7,9 @@
  * - a slow node: three nodes in network namespaces of their own, over tcp on their veths;
  *   node c's link is limited to 200 Mbit/s each way (tc's token bucket). c joins the running
  *   job in place; the check of that round names c's rank, c's agent leaves as a preempted
- *   one does, and a and b go on at world 2 without restarting (label system: it needs root
- *   and iproute2, as the chaos suite's partitions do).
+ *   one does, and a and b go on at world 2 without restarting; a replacement of a's worker
+ *   then joins with no check (label system: it needs root and iproute2, as the chaos suite's
+ *   partitions do).
  */
 #include "test_util.h"
 
@@ -110,6 +111,44 @@ static bool last_regroup_at(const char *name, int world)
     return at;
 }
 
+/* How many lines of node `name`'s log contain text. */
+static int lines_with(const char *name, const char *text)
+{
+    char path[400];
+    char line[1024];
+    int n = 0;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        n += strstr(line, text) != NULL;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return n;
+}
+
+/* The pid of node `name`'s latest worker, from rg-exact's "rank R: pid P started" lines. */
+static int last_worker_pid(const char *name)
+{
+    char path[400];
+    char line[1024];
+    int pid = -1;
+    test_log_path(dir, name, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        int r;
+        int p;
+        if (sscanf(line, "rank %d: pid %d started", &r, &p) == 2) {
+            pid = p;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return pid;
+}
+
 START_TEST(test_health_check_evicts_slow_node)
 {
     test_net_up(&net);
@@ -141,12 +180,24 @@ START_TEST(test_health_check_evicts_slow_node)
     ck_assert_msg(test_log_has(dir, "a", "health check: rank ") ||
                       test_log_has(dir, "b", "health check: rank "),
                   "rank 0 did not name the slow rank");
-    ck_assert_msg(test_log_has(dir, "a", "(a newcomer joins) of round") ||
-                      test_log_has(dir, "b", "(a newcomer joins) of round"),
+    ck_assert_msg(test_log_has(dir, "a", "(a node joins) of round") ||
+                      test_log_has(dir, "b", "(a node joins) of round"),
                   "the check did not run when node c joined");
     /* a and b regroup in place without c, and finish exactly at world 2. */
     TEST_WAIT_UNTIL(last_regroup_at("a", 2), 60000,
                     "node a did not regroup in place without node c");
+    ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
+                  "a worker failure was reported for a node the check took out");
+    /* A replacement of a dead worker joins on a node the group holds: no check for it. */
+    int victim = last_worker_pid("a");
+    ck_assert_int_gt(victim, 0);
+    long from = test_log_size(dir, "a");
+    ck_assert_int_eq(kill(victim, SIGKILL), 0);
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "regrouped in place from round") &&
+                        last_regroup_at("a", 2), 60000,
+                    "node a's replacement did not join in place");
+    ck_assert_int_eq(lines_with("a", "(a node joins) of round") +
+                         lines_with("b", "(a node joins) of round"), 1);
     test_end_training(dir);
     test_expect_exit(a, 120000, 0);
     test_expect_exit(b, 120000, 0);
@@ -157,8 +208,6 @@ START_TEST(test_health_check_evicts_slow_node)
     ck_assert_msg(!test_log_has(dir, "a", "resumed from step") &&
                       !test_log_has(dir, "b", "resumed from step"),
                   "the job restarted from its checkpoint");
-    ck_assert_msg(!test_log_has(dir, "a", "failed (") && !test_log_has(dir, "b", "failed ("),
-                  "a worker failure was reported for a node the check took out");
 }
 END_TEST
 

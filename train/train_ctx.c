@@ -132,6 +132,8 @@ rg_status_t rg_train_init(const rg_train_params_t *params, rg_train_ctx_t **ctx_
     ctx->in_place = params->in_place && ctx->notice.page != NULL && recovery != NULL &&
                     strcmp(recovery, "in-place") == 0;
     ctx->joining = ctx->in_place && join != NULL && strcmp(join, "1") == 0;
+    const char *repl = getenv(RG_NOTICE_REPLACEMENT_ENV);
+    ctx->replacement = ctx->joining && repl != NULL && strcmp(repl, "1") == 0;
     if (ctx->joining) {
         st = env_int(RG_NOTICE_JOIN_MS_ENV, 0, 1 << 30, 0, &ctx->join_wait_ms);
         if (st != RG_OK) {

@@ -1,6 +1,7 @@
 /*
  * The health check: before a group trains (a job's first round, every round after a restart,
- * and in place every round that a node joins), each rank measures its links to two
+ * and in place every round that a node joins: not one that only replaces a dead worker, whose
+ * node the group holds already), each rank measures its links to two
  * neighbours over the group's own transport, and the group times a small allreduce. A node
  * whose best link is far below the others' is named; with `--health-check=evict` it leaves
  * as a preempted one does, and the job regroups without it.

@@ -90,7 +90,9 @@ struct rg_train_ctx {
     uint64_t         agreed_ns;      /* when */
     /* in place (train_regroup.c) */
     bool             in_place;       /* params.in_place under `regroup --recovery=in-place` */
-    bool             joining;        /* a replacement, in no round yet */
+    bool             joining;        /* a newcomer, in no round yet */
+    bool             replacement;    /*   of a dead worker ($REGROUP_INPLACE_REPLACEMENT), not
+                                      *   one of a node that joins */
     bool             said_ready;     /* it told its agent it is ready */
     rg_comm_spare_t *spare;          /* a UCX worker made for the next regroup's group */
     int              join_wait_ms;   /* a newcomer: how long its agent may take to let it in

@@ -39,7 +39,7 @@
 #define ASK_ROUND_MS        1000    /* past the lease TTL with no round: ask for one */
 #define SPARE_READY_MS      2000    /* a newcomer waits this long at most for its UCX worker */
 #define AGREE_WORDS         5       /* each member's step, buffer count, bytes, chunk, and
-                                     * whether it is a newcomer */
+                                     * 0: a member, 1: a replacement, 2: a new node's worker */
 #define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
 #define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES: at most; */
@@ -385,12 +385,15 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     mine[1] = (int64_t)rs->n_bufs;
     mine[2] = (int64_t)total;
     mine[3] = (int64_t)xfer_chunk_bytes();
-    mine[4] = ctx->joining;
+    mine[4] = !ctx->joining ? 0 : ctx->replacement ? 1 : 2;
     st = rg_comm_allgather(ctx->comm, RG_COMM_IN_PLACE, words, AGREE_WORDS, RG_DTYPE_I64,
                            NULL);
-    bool newcomer = false;
+    /* A node joins: a newcomer that replaces no dead worker of its node. */
+    bool new_node = false;
     for (int r = 0; st == RG_OK && r < world; r++) {
-        newcomer |= words[(size_t)r * AGREE_WORDS + 4] != 0;
+        new_node |= words[(size_t)r * AGREE_WORDS + 4] == 2;
+    }
+    for (int r = 0; st == RG_OK && r < world; r++) {
         steps[r] = words[(size_t)r * AGREE_WORDS];
         best = RG_MAX(best, steps[r]);
         differ |= words[(size_t)r * AGREE_WORDS + 1] != mine[1] ||
@@ -405,9 +408,9 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                       "size (this rank: %zu buffers, %zu bytes), or a chunk size is out of "
                       "range", rs->n_bufs, total);
     }
-    if (st == RG_OK && newcomer) {
-        /* (Before the state moves: a newcomer whose node is far below the others leaves.) */
-        st = train_health_check(ctx, "a newcomer joins");
+    if (st == RG_OK && new_node) {
+        /* (Before the state moves: a joining node far below the others leaves.) */
+        st = train_health_check(ctx, "a node joins");
     }
     if (st == RG_OK && best >= 0 && rs->table != NULL) {
         st = train_table_find(ctx, rs->table, steps, &best, &view);
