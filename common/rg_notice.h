@@ -45,11 +45,11 @@
 #define RG_STRAGGLER_FACTOR_ENV "REGROUP_STRAGGLER_FACTOR"
 #define RG_STRAGGLER_WINDOW_ENV "REGROUP_STRAGGLER_WINDOW_MS"
 #define RG_STRAGGLER_EVICT_ENV  "REGROUP_STRAGGLER_EVICT"
-/* --health-check: off, warn or evict (train/train_health.c), and the bytes of each link's
- * test (per direction and repetition; 4 MiB by default). */
 /* In place: a newcomer that replaces a dead worker of its node ("1"), not one of a node that
  * joins the job. */
 #define RG_NOTICE_REPLACEMENT_ENV "REGROUP_INPLACE_REPLACEMENT"
+/* --health-check: off, warn or evict (train/train_health.c), and the bytes of each link's
+ * test (per direction and repetition; 4 MiB by default). */
 #define RG_HEALTH_CHECK_ENV       "REGROUP_HEALTH_CHECK"
 #define RG_HEALTH_CHECK_BYTES_ENV "REGROUP_HEALTH_CHECK_BYTES"
 /* In an in-place job, the node copies of the workers' sharded tables (rg_train_table_t,
