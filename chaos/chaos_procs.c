@@ -212,12 +212,40 @@ void chaos_agents_finish(chaos_t *c)
     }
 }
 
+/* The last lines of agent id's log, to stderr: why an agent that should have ended did not
+ * (the run dir of a CI machine is gone once the run fails). */
+static void agent_log_tail(const chaos_t *c, int id)
+{
+    enum { TAIL_BYTES = 6144 };
+    char path[400];
+    char buf[TAIL_BYTES + 1];
+    snprintf(path, sizeof(path), "%s/agent%d.log", c->run.dir, id);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        return;
+    }
+    off_t end = lseek(fd, 0, SEEK_END);
+    off_t from = end > TAIL_BYTES ? end - TAIL_BYTES : 0;
+    ssize_t n = pread(fd, buf, TAIL_BYTES, from);
+    close(fd);
+    if (n <= 0) {
+        return;
+    }
+    buf[n] = '\0';
+    const char *text = buf;
+    if (from > 0 && strchr(buf, '\n') != NULL) {
+        text = strchr(buf, '\n') + 1;   /* from the first whole line */
+    }
+    fprintf(stderr, "---- the end of %s ----\n%s---- (end) ----\n", path, text);
+}
+
 void chaos_agents_kill(chaos_t *c)
 {
     for (int i = 0; i < c->procs.n_slots; i++) {
         if (c->procs.alive[i]) {
             chaos_say("agent %d (pid %d) still runs: killing it", c->procs.id[i],
                       (int)c->procs.pid[i]);
+            agent_log_tail(c, c->procs.id[i]);
             kill(c->procs.pid[i], SIGKILL);
             waitpid(c->procs.pid[i], NULL, 0);
             c->procs.alive[i] = false;
