@@ -91,19 +91,19 @@ static uint64_t node_key(void)
     return h;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* A rank's place in the ring: sorted by (local rank, node, rank). */
 typedef struct {
     int64_t  local_rank;
     uint64_t node;
     int      rank;
 } ring_key_t;
+
+static int cmp_int64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a;
+    int64_t y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
 
 static int cmp_key(const void *a, const void *b)
 {
@@ -244,7 +244,7 @@ static rg_status_t time_allreduce(rg_train_ctx_t *ctx, double *us, bool *bad)
         t[i] = (double)(rg_now_ns() - t0) / 1e3;
         *bad |= st == RG_OK && sum != want;
     }
-    qsort(t, HEALTH_ALLREDUCE_REPS, sizeof(double), cmp_double);
+    qsort(t, HEALTH_ALLREDUCE_REPS, sizeof(double), train_cmp_double);
     *us = t[HEALTH_ALLREDUCE_REPS / 2];
     return st;
 }
@@ -269,17 +269,13 @@ static rg_status_t measure(rg_train_ctx_t *ctx, const int *order, size_t bytes, 
     return rg_comm_allgather(ctx->comm, mine, fig, HEALTH_FIGURES, RG_DTYPE_F64, NULL);
 }
 
-/* The median of the figures of every rank but `but`. */
-static double median_others(const double *fig, int n, int but, double *tmp)
+/* Every rank's best link, in order, into sorted (n of them). */
+static void sort_best_links(const double *fig, int n, double *sorted)
 {
-    int m = 0;
     for (int r = 0; r < n; r++) {
-        if (r != but) {
-            tmp[m++] = fig[(size_t)r * HEALTH_FIGURES];
-        }
+        sorted[r] = fig[(size_t)r * HEALTH_FIGURES];
     }
-    qsort(tmp, (size_t)m, sizeof(double), cmp_double);
-    return m % 2 ? tmp[m / 2] : (tmp[m / 2 - 1] + tmp[m / 2]) / 2;
+    qsort(sorted, (size_t)n, sizeof(double), train_cmp_double);
 }
 
 rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
@@ -319,13 +315,13 @@ rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
         order[r] = ring[r].rank;
     }
 
-    int nodes = 0;   /* (ring is sorted by local rank first: count the distinct keys) */
+    int nodes = 0;   /* the distinct node keys: sorted, in keys' first n words */
     for (int r = 0; r < n; r++) {
-        bool seen = false;
-        for (int q = 0; q < r && !seen; q++) {
-            seen = keys[2 * q] == keys[2 * r];
-        }
-        nodes += !seen;
+        keys[r] = keys[2 * r];
+    }
+    qsort(keys, (size_t)n, sizeof(int64_t), cmp_int64);
+    for (int r = 0; r < n; r++) {
+        nodes += r == 0 || keys[r] != keys[r - 1];
     }
 
     /* A rank is named only when two measurements in a row find it below the others: on a
@@ -343,10 +339,11 @@ rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
         int was_named = named;
         named = 0;
         worst = -1;
+        sort_best_links(fig, n, tmp);
         for (int r = 0; r < n; r++) {
             const double *f = &fig[(size_t)r * HEALTH_FIGURES];
             bool corrupt = f[3] != 0;
-            double med = nodes >= 3 ? median_others(fig, n, r, tmp) : 0;
+            double med = nodes >= 3 ? train_median_without(tmp, (size_t)n, f[0]) : 0;
             bool slow = nodes >= 3 && f[0] * factor < med;
             suspect[r] = (corrupt || slow) && (attempt == 0 || suspect[r]);
             if (!suspect[r]) {

@@ -62,6 +62,11 @@ rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx) RG_NODISCARD;
  * to take its node out of the job. RG_OK when off; the group's errors, RG_ENOMEM. */
 rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when) RG_NODISCARD;
 
+/* train_stats.c: qsort's comparison of doubles, ascending; and the median of sorted[0..n)
+ * (n >= 2) without one element equal to v, which is in it. */
+int train_cmp_double(const void *a, const void *b);
+double train_median_without(const double *sorted, size_t n, double v);
+
 /* train_progress.c: the thread that writes the worker's progress records. */
 typedef struct train_progress train_progress_t;
 

@@ -105,34 +105,6 @@ bool train_straggler_sample(rg_train_ctx_t *ctx)
            now - s->tick_ns >= (uint64_t)STRAGGLER_TICK_MS * 1000000ull;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median of sorted[0..n) without one element equal to v (which is in it). */
-static double median_without(const double *sorted, size_t n, double v)
-{
-    size_t lo = 0;
-    size_t hi = n;
-    while (lo < hi) {   /* the first element >= v */
-        size_t mid = lo + (hi - lo) / 2;
-        if (sorted[mid] < v) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    size_t p = lo;
-    size_t m = n - 1;
-#define AT(i) sorted[(i) < p ? (i) : (i) + 1]
-    double med = m % 2 ? AT(m / 2) : (AT(m / 2 - 1) + AT(m / 2)) / 2;
-#undef AT
-    return med;
-}
-
 /* Rank r's ratio to the others' median, and whether it is slow; -1 when unknown. */
 static double ratio_of(const train_straggler_t *s, const double *sorted, size_t n, double share,
                        bool *slow)
@@ -141,7 +113,7 @@ static double ratio_of(const train_straggler_t *s, const double *sorted, size_t 
     if (share < 0 || n < 2) {
         return -1;
     }
-    double med = median_without(sorted, n, share);
+    double med = train_median_without(sorted, n, share);
     double ratio = share / (med > STRAGGLER_MEDIAN_FLOOR ? med : STRAGGLER_MEDIAN_FLOOR);
     *slow = ratio > s->factor && share - med >= STRAGGLER_MIN_EXCESS;
     return ratio;
@@ -212,7 +184,7 @@ rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx)
             s->sorted[known++] = s->smooth[r];
         }
     }
-    qsort(s->sorted, known, sizeof(double), cmp_double);
+    qsort(s->sorted, known, sizeof(double), train_cmp_double);
 
     /* Every rank's streak, the same on every rank (counted in exchanges; the seconds, for
      * people, on this rank's clock); the slowest rank; and the slowest of those slow for a
@@ -248,7 +220,7 @@ rg_status_t train_straggler_exchange(rg_train_ctx_t *ctx)
     if (ctx->rank == 0 && worst >= 0 &&
         (worst != s->logged_rank ||
          now - s->logged_ns >= (uint64_t)s->window_ms * 1000000ull)) {
-        double med = median_without(s->sorted, known, s->smooth[worst]);
+        double med = train_median_without(s->sorted, known, s->smooth[worst]);
         rg_warn("straggler: rank %d computes %.0f%% of its step time, %.1fx the others' "
                 "median (%.0f%%), slow for %.0f s of a %.0f s window%s", worst,
                 100 * s->smooth[worst], worst_ratio, 100 * med, s->slow_for[worst],
