@@ -246,13 +246,17 @@ static rg_status_t register_waiting(rg_rdzv_t *z)
 
 /* ---- joining ---------------------------------------------------------------------------- */
 
-/* True if every member of closed round r recorded that its workers finished. */
+/* True if every member of closed round r recorded that its workers finished, this agent
+ * aside (it asks because it is not done: in place, the others' workers can finish the job in
+ * the group before round r, while this node's newcomers wait to join them in it). At least
+ * one other member must have finished: a round of this agent alone says nothing. */
 static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
 {
     char key[RDZV_KEY_MAX];
     rg_etcd_range_t res;
     rg_etcd_range_req_t rq = {.key = key, .prefix = true, .keys_only = true};
     bool all = true;
+    int others = 0;
 
     if (rdzv_keys_done_prefix(&z->keys, r, key, sizeof(key)) != RG_OK ||
         rg_etcd_range(z->etcd, &rq, 0, &res) != RG_OK) {
@@ -260,11 +264,15 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
     }
     for (int i = 0; i < a->n_members && all; i++) {
         char dk[RDZV_KEY_MAX];
+        if (strcmp(a->members[i].agent, z->agent) == 0) {
+            continue;
+        }
+        others++;
         all = rdzv_keys_done(&z->keys, r, a->members[i].agent, dk, sizeof(dk)) == RG_OK &&
               rdzv_range_has(&res, dk);
     }
     rg_etcd_range_cleanup(&res);
-    return all;
+    return all && others > 0;
 }
 
 /* True if round r-1 closed and every member of it finished, with that round in *out. An agent
@@ -372,7 +380,7 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
         return st;
     }
     if (prev_round_done(z, r, out)) {
-        rg_info("rendezvous: every member of round %d finished: the job is over", r - 1);
+        rg_info("rendezvous: the other members of round %d finished: the job is over", r - 1);
         *done = true;
         return RG_OK;
     }

@@ -179,6 +179,81 @@ START_TEST(test_round_opened_after_the_job_finished)
 }
 END_TEST
 
+/* In place, an agent can be a member of a round whose group its workers never joined: the
+ * others' workers finished the job in the group before it (the stop came while the round
+ * formed) and their agents recorded done under the new round. That agent's next join must
+ * say the job is done: waiting for the others, which have left, would last its join timeout
+ * (chaos_partition_in_place saw an agent still running 120 s after the job finished). */
+START_TEST(test_member_whose_peers_finished_without_it)
+{
+    joiner_t *j = calloc(3, sizeof(*j));
+    pthread_t t[3];
+    char job[64];
+
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "without-%d", (int)getpid());
+    for (int i = 0; i < 3; i++) {
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
+                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
+                              .join_timeout_ms = 30000, .max_restarts = 3};
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert_int_eq(j[i].a.n_members, 3);
+    }
+    ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
+    ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+    }
+    ck_assert_int_eq(rg_rdzv_next_round(j[2].z), RG_OK);   /* it regroups: round 1 */
+    uint64_t t0 = rg_now_ns();
+    j[2].st = rg_rdzv_join(j[2].z, -1, &j[2].a);
+    ck_assert_msg(j[2].st == RG_OK, "%s", rg_last_error());
+    ck_assert(j[2].a.job_done);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    ck_assert_int_eq(rg_rdzv_leave(j[2].z), RG_OK);
+
+    /* Alone in its round, an agent whose workers failed has no peer that finished: its next
+     * join waits for a round as before (here: closes one with a newcomer). */
+    char job1[64];
+    snprintf(job1, sizeof(job1), "alone-%d", (int)getpid());
+    for (int i = 0; i < 3; i++) {
+        rg_rdzv_destroy(j[i].z);
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job1, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 1,
+                              .max_nodes = 2, .lease_ttl_s = 5, .last_call_ms = 300,
+                              .join_timeout_ms = 30000, .max_restarts = 3};
+        j[i].z = NULL;
+        if (i < 2) {
+            ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+        }
+    }
+    ck_assert_int_eq(rg_rdzv_join(j[0].z, -1, &j[0].a), RG_OK);
+    ck_assert_int_eq(j[0].a.n_members, 1);
+    ck_assert_int_eq(rg_rdzv_next_round(j[0].z), RG_OK);
+    ck_assert_int_eq(pthread_create(&t[0], NULL, join_main, &j[0]), 0);
+    ck_assert_int_eq(pthread_create(&t[1], NULL, join_main, &j[1]), 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert(!j[i].a.job_done);
+        ck_assert_int_eq(j[i].a.round, 1);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
 /* Every agent of the job left without finishing (a preempted job, requeued by its scheduler
  * under the same job id): agents that come back to the job open the next round themselves
  * rather than wait, as latecomers, to be let in by agents that are gone. */
@@ -365,6 +440,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_two_handles_one_process);
     tcase_add_test(tc, test_job_whose_agents_all_left_is_rejoined);
     tcase_add_test(tc, test_round_opened_after_the_job_finished);
+    tcase_add_test(tc, test_member_whose_peers_finished_without_it);
     tcase_add_test(tc, test_create_when_no_watch_is_confirmed);
     suite_add_tcase(s, tc);
     return s;
