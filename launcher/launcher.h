@@ -381,6 +381,8 @@ rg_status_t launcher_workers_fork_start(launcher_workers_t *ws, const rg_agent_p
 int  launcher_workers_reap(launcher_workers_t *ws, int *failed);
 /* Reads what a worker wrote on fd (one of its pipes). */
 void launcher_workers_pump(launcher_workers_t *ws, int fd, const rg_agent_params_t *cfg);
+/* Reaps workers as they exit, for up to ms; returns the number still running. */
+int  launcher_workers_wait(launcher_workers_t *ws, int64_t ms);
 /* SIGTERM to every worker's process group, up to grace_ms for them to exit, then SIGKILL;
  * reaps them all. */
 void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
@@ -458,6 +460,9 @@ int         launcher_inplace_members(const launcher_inplace_t *ip, const launche
  * hold nothing and have no state to receive. */
 bool        launcher_inplace_only_fresh(const launcher_inplace_t *ip,
                                         const launcher_workers_t *ws);
+/* Whether a running worker of this node has been in a group (no fresh newcomer). */
+bool        launcher_inplace_any_grouped(const launcher_inplace_t *ip,
+                                         const launcher_workers_t *ws);
 /* The running workers in the current round only (not a ready replacement waiting for the
  * next). */
 int         launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws);

@@ -690,6 +690,11 @@ static rg_status_t agent_loop(agent_t *ag)
                     asg->round, cfg->max_restarts, asg->restart_count);
             ag->excused_count = asg->excused_count;
         }
+        if (asg->job_done && resume && launcher_inplace_any_grouped(&ag->ip, &ag->ws)) {
+            /* Workers that were in a group may be finishing the job with the others (their
+             * agents recorded done first): the grace period to end on their own. */
+            (void)launcher_workers_wait(&ag->ws, cfg->grace_ms);
+        }
         if ((asg->job_done || asg->job_failed) && resume) {
             launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
         }

@@ -268,6 +268,16 @@ bool launcher_inplace_only_fresh(const launcher_inplace_t *ip, const launcher_wo
     return done;
 }
 
+bool launcher_inplace_any_grouped(const launcher_inplace_t *ip, const launcher_workers_t *ws)
+{
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->w[i].running && !ip->fresh[i]) {
+            return true;
+        }
+    }
+    return false;
+}
+
 int launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws)
 {
     int n = 0;

@@ -694,20 +694,26 @@ int launcher_workers_reap(launcher_workers_t *ws, int *failed)
     return ws->running;
 }
 
+int launcher_workers_wait(launcher_workers_t *ws, int64_t ms)
+{
+    rg_deadline_t deadline = rg_deadline_in_ms(ms);
+    int failed;
+    int running;
+    while ((running = launcher_workers_reap(ws, &failed)) > 0 && !rg_deadline_passed(deadline)) {
+        rg_sleep_ms(RG_MIN(5, rg_deadline_left_ms(deadline)));
+    }
+    return running;
+}
+
 void launcher_workers_stop(launcher_workers_t *ws, int64_t grace_ms, int sig,
                            const rg_agent_params_t *cfg)
 {
-    rg_deadline_t deadline = rg_deadline_in_ms(grace_ms);
-    int failed;
-
     for (int i = 0; i < ws->n; i++) {
         if (ws->w[i].running) {
             kill(-ws->w[i].pid, sig);
         }
     }
-    while (launcher_workers_reap(ws, &failed) > 0 && !rg_deadline_passed(deadline)) {
-        rg_sleep_ms(RG_MIN(5, rg_deadline_left_ms(deadline)));
-    }
+    (void)launcher_workers_wait(ws, grace_ms);
     for (int i = 0; i < ws->n; i++) {
         if (ws->w[i].running) {
             rg_warn("worker rank %d (pid %d) ignored SIGTERM for %lld ms; killing it",

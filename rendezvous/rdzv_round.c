@@ -351,13 +351,19 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
     }
     if (closed) {
         rdzv_assignment_locate(out, z->agent);
-        if (out->group_rank >= 0 || out->job_failed) {
+        if (out->job_failed) {
             *done = true;
             return RG_OK;
         }
-        /* A round whose every member finished: the job is over, without us. */
+        /* A round whose every other member finished: the job is over, without us. (A member
+         * too: the others can finish only in a group before this round's, which this agent's
+         * workers were not in, when a lost lease sent it back to join.) */
         if (round_done(z, r, out)) {
             out->job_done = true;
+            *done = true;
+            return RG_OK;
+        }
+        if (out->group_rank >= 0) {
             *done = true;
             return RG_OK;
         }
