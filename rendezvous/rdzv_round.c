@@ -275,6 +275,24 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
     return all && others > 0;
 }
 
+/* The job ended without this member of round r's workers: its own done record, so that the
+ * round reads as done to an agent that asks later (a latecomer, which counts every member). */
+static void member_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
+{
+    char key[RDZV_KEY_MAX];
+    char rec[64];
+    bool member = false;
+    for (int i = 0; i < a->n_members && !member; i++) {
+        member = strcmp(a->members[i].agent, z->agent) == 0;
+    }
+    if (member && rdzv_keys_done(&z->keys, r, z->agent, key, sizeof(key)) == RG_OK &&
+        rdzv_rec_done_encode(rg_wall_s(), rec, sizeof(rec)) == RG_OK &&
+        rg_etcd_put_str(z->etcd, key, rec, 0, 0, NULL) != RG_OK) {
+        rg_warn("rendezvous: cannot record that the job ended for this member of round %d "
+                "(%s)", r, rg_last_error());
+    }
+}
+
 /* True if round r-1 closed and every member of it finished, with that round in *out. An agent
  * can open round r after it (it asked for a restart while the others' workers were
  * finishing): the job is over all the same, and a join of round r must not wait for members
@@ -296,6 +314,7 @@ static bool prev_round_done(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out)
         done = round_done(z, r - 1, a);
     }
     if (done) {
+        member_done(z, r - 1, a);
         *out = *a;
         rdzv_assignment_locate(out, z->agent);
         out->job_done = true;
@@ -359,6 +378,7 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
          * too: the others can finish only in a group before this round's, which this agent's
          * workers were not in, when a lost lease sent it back to join.) */
         if (round_done(z, r, out)) {
+            member_done(z, r, out);
             out->job_done = true;
             *done = true;
             return RG_OK;

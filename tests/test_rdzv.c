@@ -223,6 +223,18 @@ START_TEST(test_member_whose_peers_finished_without_it)
     ck_assert(j[2].a.job_done);
     ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
     ck_assert_int_eq(rg_rdzv_leave(j[2].z), RG_OK);
+    /* A latecomer counts every member of round 0: the third recorded done for itself. */
+    rg_rdzv_params_t lp = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                           .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
+                           .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
+                           .join_timeout_ms = 5000, .max_restarts = 3};
+    joiner_t late = {0};
+    ck_assert_msg(rg_rdzv_create(&lp, &late.z) == RG_OK, "%s", rg_last_error());
+    late.st = rg_rdzv_join(late.z, -1, &late.a);
+    ck_assert_msg(late.st == RG_OK, "%s", rg_last_error());
+    ck_assert(late.a.job_done);
+    ck_assert_int_eq(rg_rdzv_leave(late.z), RG_OK);
+    rg_rdzv_destroy(late.z);
 
     /* Alone in its round, an agent whose workers failed has no peer that finished: its next
      * join waits for a round as before (here: closes one with a newcomer). */
