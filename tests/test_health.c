@@ -49,7 +49,8 @@ START_TEST(test_health_check_passes)
     ck_assert_msg(rc == 0, "the job exited %d", rc);
     ck_assert_msg(test_log_has(dir, "job",
                                "health check (the start) of round 0: 3 ranks on 1 node,") &&
-                      test_log_has(dir, "job", "0 named"),
+                      test_log_has(dir, "job", "0 named") &&
+                      test_log_has(dir, "job", "slowest link"),
                   "the check did not run at the job's start, or named a rank");
     ck_assert(test_log_has(dir, "job", "exact=1"));
 }

@@ -377,14 +377,27 @@ rg_status_t train_health_check(rg_train_ctx_t *ctx, const char *when)
         }
     }
     if (ctx->rank == 0) {
+        /* Every rank's figures: the best links' mean, the slowest link of all and its rank,
+         * the slowest rank's allreduce. */
         double sum_best = 0;
+        double slowest = -1;
+        double us_max = 0;
+        int slowest_rank = 0;
         for (int r = 0; r < n; r++) {
-            sum_best += fig[(size_t)r * HEALTH_FIGURES];
+            const double *f = &fig[(size_t)r * HEALTH_FIGURES];
+            sum_best += f[0];
+            if (slowest < 0 || f[1] < slowest) {
+                slowest = f[1];
+                slowest_rank = r;
+            }
+            us_max = RG_MAX(us_max, f[2]);
         }
         rg_info("health check (%s) of round %d: %d ranks on %d node%s, best links %.3g "
-                "Gbit/s on average, allreduce %.0f us, %d named%s, in %.3f s", when, ctx->round,
-                n, nodes, nodes > 1 ? "s" : "", sum_best / n, us, named, nodes < 3 ? " (fewer than 3 nodes: figures "
-                "only)" : "", (double)(rg_now_ns() - t0) / 1e9);
+                "Gbit/s on average, slowest link %.3g Gbit/s (rank %d), allreduce %.0f us "
+                "(slowest rank %.0f us), %d named%s, in %.3f s", when, ctx->round, n, nodes,
+                nodes > 1 ? "s" : "", sum_best / n, slowest, slowest_rank, us, us_max, named,
+                nodes < 3 ? " (fewer than 3 nodes: figures only)" : "",
+                (double)(rg_now_ns() - t0) / 1e9);
     }
     if (mode == HEALTH_EVICT && named > 0 && worst == ctx->rank) {
         const double *f = &fig[(size_t)worst * HEALTH_FIGURES];
