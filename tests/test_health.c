@@ -94,58 +94,24 @@ static pid_t start_net_node(const char *name, int k, const char *endpoint)
  * info line "regrouped in place from round R into round S: rank K of N, step ..."). */
 static bool last_regroup_at(const char *name, int world)
 {
-    char path[400];
     char line[512];
     char want[32];
-    bool at = false;
-    test_log_path(dir, name, path, sizeof(path));
     snprintf(want, sizeof(want), " of %d, step ", world);
-    FILE *f = fopen(path, "r");
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        if (strstr(line, "regrouped in place from round ") != NULL) {
-            at = strstr(line, want) != NULL;
-        }
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-    return at;
+    return test_log_last(dir, name, "regrouped in place from round ", line, sizeof(line)) &&
+           strstr(line, want) != NULL;
 }
 
-/* How many lines of node `name`'s log contain text. */
-static int lines_with(const char *name, const char *text)
-{
-    char path[400];
-    char line[1024];
-    int n = 0;
-    test_log_path(dir, name, path, sizeof(path));
-    FILE *f = fopen(path, "r");
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        n += strstr(line, text) != NULL;
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-    return n;
-}
-
-/* The pid of node `name`'s latest worker, from rg-exact's "rank R: pid P started" lines. */
+/* The pid of node `name`'s latest worker, from rg-exact's "rank R: pid P started (joining J)"
+ * lines. */
 static int last_worker_pid(const char *name)
 {
-    char path[400];
-    char line[1024];
-    int pid = -1;
-    test_log_path(dir, name, path, sizeof(path));
-    FILE *f = fopen(path, "r");
-    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        int r;
-        int p;
-        if (sscanf(line, "rank %d: pid %d started", &r, &p) == 2) {
-            pid = p;
-        }
-    }
-    if (f != NULL) {
-        fclose(f);
+    char line[512];
+    int r;
+    int pid;
+    if (!test_log_last(dir, name, " started (joining ", line, sizeof(line)) ||
+        strstr(line, "rank ") == NULL ||
+        sscanf(strstr(line, "rank "), "rank %d: pid %d started", &r, &pid) != 2) {
+        return -1;
     }
     return pid;
 }
@@ -197,8 +163,8 @@ START_TEST(test_health_check_evicts_slow_node)
     TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "regrouped in place from round") &&
                         last_regroup_at("a", 2), 60000,
                     "node a's replacement did not join in place");
-    ck_assert_int_eq(lines_with("a", "(a node joins) of round") +
-                         lines_with("b", "(a node joins) of round"), 1);
+    ck_assert_int_eq(test_log_count(dir, "a", "(a node joins) of round") +
+                         test_log_count(dir, "b", "(a node joins) of round"), 1);
     test_end_training(dir);
     test_expect_exit(a, 120000, 0);
     test_expect_exit(b, 120000, 0);

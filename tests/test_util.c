@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -71,27 +72,39 @@ void test_rmtree(const char *path)
 
 /* ---- waiting on a condition ------------------------------------------------------------ */
 
-/* Whether a line of path from byte `from` on has text (or starts with it). */
-static bool file_any_line(const char *path, const char *text, bool at_start, long from)
+/* The lines of path from byte `from` on that have text (or start with it), counted up to
+ * max; the last of them counted into last (cap bytes, NUL-terminated) when last is not NULL. */
+static int file_lines(const char *path, const char *text, bool at_start, long from, int max,
+                      char *last, size_t cap)
 {
     FILE *f = fopen(path, "r");
     char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
+    size_t line_cap = 0;
+    int n = 0;
 
     if (f == NULL) {
-        return false;
+        return 0;
     }
     if (from > 0 && fseek(f, from, SEEK_SET) != 0) {
         fclose(f);
-        return false;
+        return 0;
     }
-    while (!found && getline(&line, &cap, f) >= 0) {
-        found = at_start ? strncmp(line, text, strlen(text)) == 0 : strstr(line, text) != NULL;
+    while (n < max && getline(&line, &line_cap, f) >= 0) {
+        bool hit = at_start ? strncmp(line, text, strlen(text)) == 0 : strstr(line, text) != NULL;
+        if (hit && last != NULL) {
+            snprintf(last, cap, "%s", line);
+        }
+        n += hit;
     }
     free(line);
     fclose(f);
-    return found;
+    return n;
+}
+
+/* Whether a line of path from byte `from` on has text (or starts with it). */
+static bool file_any_line(const char *path, const char *text, bool at_start, long from)
+{
+    return file_lines(path, text, at_start, from, 1, NULL, 0) > 0;
 }
 
 bool test_file_contains(const char *path, const char *text)
@@ -276,6 +289,20 @@ bool test_log_has(const char *dir, const char *name, const char *text)
     char path[512];
     test_log_path(dir, name, path, sizeof(path));
     return test_file_contains(path, text);
+}
+
+int test_log_count(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    test_log_path(dir, name, path, sizeof(path));
+    return file_lines(path, text, false, 0, INT_MAX, NULL, 0);
+}
+
+bool test_log_last(const char *dir, const char *name, const char *text, char *out, size_t cap)
+{
+    char path[512];
+    test_log_path(dir, name, path, sizeof(path));
+    return file_lines(path, text, false, 0, INT_MAX, out, cap) > 0;
 }
 
 long test_log_size(const char *dir, const char *name)

@@ -112,6 +112,10 @@ void test_log_path(const char *dir, const char *name, char *out, size_t cap);
 pid_t test_spawn_logged(const char *dir, const char *name, char *const argv[]);
 /* True if a line of dir/<name>.log contains text (test_file_contains). */
 bool test_log_has(const char *dir, const char *name, const char *text);
+/* How many lines of dir/<name>.log contain text. */
+int test_log_count(const char *dir, const char *name, const char *text);
+/* The last line of dir/<name>.log that contains text, into out (cap bytes); false if none. */
+bool test_log_last(const char *dir, const char *name, const char *text, char *out, size_t cap);
 /* The size of dir/<name>.log now (0 if it is not there): with test_log_has_after, a line
  * written from then on, not one from before (a job's first round has the same words). */
 long test_log_size(const char *dir, const char *name);
