@@ -311,17 +311,19 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
     return st;
 }
 
-rg_status_t rg_rdzv_done(rg_rdzv_t *z)
+rg_status_t rdzv_done_put(rg_rdzv_t *z, int r, bool fenced)
 {
     char key[RDZV_KEY_MAX];
-    rg_status_t st = rdzv_keys_done(&z->keys, z->cur.round, z->agent, key, sizeof(key));
+    char rec[64];
+    rg_status_t st = rdzv_keys_done(&z->keys, r, z->agent, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rdzv_rec_done_encode(rg_wall_s(), rec, sizeof(rec));
+    }
     if (st != RG_OK) {
         return st;
     }
-    char rec[64];
-    st = rdzv_rec_done_encode(rg_wall_s(), rec, sizeof(rec));
-    if (st != RG_OK) {
-        return st;
+    if (!fenced) {
+        return rg_etcd_put_str(z->etcd, key, rec, 0, 0, NULL);
     }
     rdzv_fence_t fence;
     st = agent_fence(z, &fence);
@@ -329,4 +331,9 @@ rg_status_t rg_rdzv_done(rg_rdzv_t *z)
         return st;
     }
     return rdzv_fence_put(z->etcd, &fence, key, rec, 0, 0, "the done record");
+}
+
+rg_status_t rg_rdzv_done(rg_rdzv_t *z)
+{
+    return rdzv_done_put(z, z->cur.round, true);
 }

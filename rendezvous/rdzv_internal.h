@@ -151,6 +151,10 @@ rg_status_t rdzv_round_advance_fenced(rg_rdzv_t *z, int r, const rdzv_fence_t *f
  * says whether it did. */
 rg_status_t rdzv_round_advance_if_dead(rg_rdzv_t *z, int r, bool *moved);
 
+/* rdzv_check.c: this agent's done record of round r (its workers finished, or the job ended
+ * for it: rdzv_round.c), fenced by its membership of the round it runs, or not. */
+rg_status_t rdzv_done_put(rg_rdzv_t *z, int r, bool fenced);
+
 /* rdzv_close_txn.c: asks the close policy about round r's n nodes (z->nodes, listed at
  * revision rev) and closes the round if it says so; *wake_ns is when to look again. */
 rg_status_t rdzv_round_try_close(rg_rdzv_t *z, int r, int n, int64_t rev, uint64_t *wake_ns);

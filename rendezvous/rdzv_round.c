@@ -279,15 +279,11 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
  * round reads as done to an agent that asks later (a latecomer, which counts every member). */
 static void member_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
 {
-    char key[RDZV_KEY_MAX];
-    char rec[64];
     bool member = false;
     for (int i = 0; i < a->n_members && !member; i++) {
         member = strcmp(a->members[i].agent, z->agent) == 0;
     }
-    if (member && rdzv_keys_done(&z->keys, r, z->agent, key, sizeof(key)) == RG_OK &&
-        rdzv_rec_done_encode(rg_wall_s(), rec, sizeof(rec)) == RG_OK &&
-        rg_etcd_put_str(z->etcd, key, rec, 0, 0, NULL) != RG_OK) {
+    if (member && rdzv_done_put(z, r, false) != RG_OK) {
         rg_warn("rendezvous: cannot record that the job ended for this member of round %d "
                 "(%s)", r, rg_last_error());
     }
