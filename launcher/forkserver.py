@@ -200,6 +200,11 @@ def _main():
         except BaseException as e:   # SystemExit, KeyboardInterrupt too: said, not raised
             _say(sock, "error cannot import %s: %s: %s" % (name, type(e).__name__, e))
             return 1
+    # What the imports made stays out of the collector's reach: a collection in a worker
+    # writes to every object it tracks, copying the server's pages into that worker.
+    import gc
+    gc.collect()
+    gc.freeze()
     _say(sock, "ready %d" % len(os.listdir("/proc/self/task")))
     req = _serve(sock, agent)
     if req is None:

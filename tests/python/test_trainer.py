@@ -58,6 +58,8 @@ def test_fault_free(tmp):
     assert "counts_ok=True" in out, out
     assert "checkpoint_step=32" in out, out       # 512 samples / 32 a step x 2 epochs
     assert "regrouped" not in out, out
+    # fit()'s fork server loaded regroup for the workers (none loads it at its start)
+    assert re.findall(r"worker pid=\d+ rank=\d+ preloaded=(\w+)", out) == ["True"] * 2, out
 
 
 @pytest.mark.training

@@ -21,6 +21,7 @@ at that epoch's first step: the test sees a join however long the newcomers take
 to its agent (a preemption notice) and waits until the job's output (--log) says it was
 posted, so that every rank sees it at that step's boundary."""
 import argparse
+import gc
 import json
 import os
 import signal
@@ -78,7 +79,11 @@ def kill_before(config, ctx, what):
 
 def train_func(config):
     ctx = train.get_context()
-    print("worker pid=%d rank=%d" % (os.getpid(), ctx.get_world_rank()), flush=True)
+    # preloaded: forked from a fork server that loaded regroup (fit()'s regroup._preload)
+    # and froze its objects out of the collector's reach
+    print("worker pid=%d rank=%d preloaded=%s" % (
+        os.getpid(), ctx.get_world_rank(),
+        "regroup._preload" in sys.modules and gc.get_freeze_count() > 0), flush=True)
     torch.manual_seed(1)
     kill_before(config, ctx, "prepare_model")
     model = prepare_model(Net())

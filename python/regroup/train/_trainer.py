@@ -28,7 +28,8 @@ from ._config import FailureConfig, RunConfig, ScalingConfig
 _CONFIG_ENV = "REGROUP_TRAIN_CONFIG"
 _RUN_ENV = "REGROUP_TRAIN_RUN_DIR"
 _STOP_GRACE_S = 60
-# Modules that take seconds to import, preloaded for the workers when the driver has them.
+# Modules that take seconds to import, preloaded for the workers when the driver has them;
+# then regroup's own (regroup._preload: the library, regroup.train, the torch backend).
 _PRELOADED = ("numpy", "torch")
 
 
@@ -190,8 +191,8 @@ class TorchTrainer:
         # The workers run this script again, so they import what it imported: the heavy
         # modules it has are imported once, by the launcher's fork server, instead of by each
         # worker at each start (REGROUP_PRELOAD, even empty, says otherwise).
-        preload = [m for m in _PRELOADED if m in sys.modules]
-        if preload and "REGROUP_PRELOAD" not in env:
+        preload = [m for m in _PRELOADED if m in sys.modules] + ["regroup._preload"]
+        if "REGROUP_PRELOAD" not in env:
             cmd.append("--preload=" + ",".join(preload))
         cmd += ["--no-python", sys.executable, script] + sys.argv[1:]
         p = subprocess.Popen(cmd, env=env)
