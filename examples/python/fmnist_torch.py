@@ -51,28 +51,47 @@ def read_idx(path):
         return parse_idx(f.read(), path)
 
 
-def parse_idx(data, path):
-    """An IDX file's bytes (read from path) as a NumPy array of unsigned bytes."""
-    magic = int.from_bytes(data[0:4], "big")
+def idx_header(data, path):
+    """The dimensions of an IDX file of unsigned bytes and its header's length, from its
+    first bytes."""
+    magic = int.from_bytes(data[0:4], "big") if len(data) >= 4 else 0
     if magic >> 8 != 0x08:
         raise ValueError("%s: not an IDX file of unsigned bytes (magic 0x%08x)" % (path, magic))
     ndim = magic & 0xff
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError("%s: a header cut short" % path)
+    return [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)], 4 + 4 * ndim
+
+
+def shaped(body, dims, path):
     if body.size != int(np.prod(dims)):
         raise ValueError("%s: %d bytes of data for dimensions %s" % (path, body.size, dims))
     return body.reshape(dims)
 
 
+def parse_idx(data, path):
+    """An IDX file's bytes (read from path) as a NumPy array of unsigned bytes."""
+    dims, off = idx_header(data, path)
+    return shaped(np.frombuffer(data, dtype=np.uint8, offset=off), dims, path)
+
+
+def mapped_idx(path):
+    """An uncompressed IDX file mapped copy-on-write: its pages come from the page cache as
+    they are used (shared by the workers of a node); none is read or copied at the start."""
+    with open(path, "rb") as f:
+        dims, off = idx_header(f.read(4 + 4 * 255), path)
+    return shaped(np.memmap(path, dtype=np.uint8, mode="c", offset=off), dims, path)
+
+
 def cached_idx(path, cache_dir):
     """The IDX file at path, decompressed once into cache_dir (as rg-fmnist's --data-cache):
     the first process writes the copy under a name of its own and renames it into place, the
-    others (a replacement, a restarted worker) read it without gunzip."""
+    others (a replacement, a restarted worker) map it (mapped_idx): no gunzip, no read."""
     if not cache_dir or not path.endswith(".gz"):
         return read_idx(path)
     copy = os.path.join(cache_dir, os.path.basename(path)[:-3])
     if os.path.exists(copy):
-        return read_idx(copy)
+        return mapped_idx(copy)
     with gzip.open(path, "rb") as f:
         data = f.read()
     arr = parse_idx(data, path)   # checked before it is kept
@@ -91,8 +110,10 @@ def load_split(data_dir, split, cache_dir=None):
         return base + ".gz" if os.path.exists(base + ".gz") else base
     images = cached_idx(path("images"), cache_dir)
     labels = cached_idx(path("labels"), cache_dir)
-    return (torch.from_numpy(images.reshape(len(images), -1).copy()),
-            torch.from_numpy(labels.astype(np.int64)))
+    x = images.reshape(len(images), -1)
+    if not x.flags.writeable:   # (bytes read whole: torch takes no read-only array)
+        x = x.copy()
+    return torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
 
 
 class Model(torch.nn.Module):

@@ -254,13 +254,40 @@ def test_example_accuracy_after_a_kill(tmp):
     args = ["--workers", 4, "--epochs", 1, "--train-samples", 20000]
     rc, plain = fit(tmp, "fm0", *args, script=EXAMPLE)
     assert rc == 0, plain
-    rc, killed = fit(tmp, "fm1", *(args + ["--kill-at", 100, "--kill-rank", 2]),
+    # (with a data cache: the first workers write it, the replacement maps it)
+    rc, killed = fit(tmp, "fm1", *(args + ["--kill-at", 100, "--kill-rank", 2,
+                                           "--data-cache", os.path.join(tmp, "cache")]),
                      script=EXAMPLE)
     assert rc == 0, killed
     assert "regrouped at step 100: world size 3" in killed, killed
     acc = [float(re.search(r"test_accuracy=([0-9.]+)", o).group(1)) for o in (plain, killed)]
     assert acc[0] > 0.7, plain
     assert abs(acc[0] - acc[1]) <= 0.01, (plain, killed)
+
+
+def test_example_data_cache(tmp):
+    """The example's --data-cache: the first load decompresses the data set and keeps the
+    copies; a later one maps them copy-on-write. The same tensors as the .gz's either way,
+    and writing to a mapped one leaves the copy as it was."""
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import fmnist_torch
+    finally:
+        sys.path.pop(0)
+    cache = os.path.join(tmp, "cache")
+    ref = fmnist_torch.load_split(FMNIST, "t10k")
+    first = fmnist_torch.load_split(FMNIST, "t10k", cache)
+    assert sorted(os.listdir(cache)) == ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+    mapped = fmnist_torch.load_split(FMNIST, "t10k", cache)
+    for got in (first, mapped):
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert mapped[0].shape == (10000, 784) and mapped[0].dtype == torch.uint8
+    mapped[0][0].fill_(7)
+    assert torch.equal(fmnist_torch.load_split(FMNIST, "t10k", cache)[0], ref[0])
+    with open(os.path.join(cache, "t10k-images-idx3-ubyte"), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ValueError, match="bytes of data for dimensions"):
+        fmnist_torch.load_split(FMNIST, "t10k", cache)
 
 
 def children(pid):
