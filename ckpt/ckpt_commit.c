@@ -132,6 +132,7 @@ rg_status_t ckpt_commit(const ckpt_commit_args_t *a)
         }
         rg_sleep_ms(RG_MIN(COMMIT_POLL_MS, rg_deadline_left_ms(deadline)));
     }
+    ckpt_fault_commit(a->step);
 #ifdef RG_CKPT_WITH_ETCD
     if (a->etcd != NULL) {
         /* A writer that is no longer a member of the job's round commits nothing: the

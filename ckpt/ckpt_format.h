@@ -193,6 +193,10 @@ rg_status_t ckpt_remove_step_dir(const char *path);
  * at every fault point); REGROUP_CKPT_KILL_AT_POINT=K raises it at the K-th fault point
  * (before every fsync and rename). Unset: no effect. */
 void ckpt_fault_point(void);
+/* REGROUP_CKPT_SLOW_COMMIT=STEP:MS: the first commit of STEP in this process waits MS ms
+ * before its fence check (a slow store at the worst moment: a membership change then lands
+ * between a checkpoint's report and its commit). Unset, it costs one comparison. */
+void ckpt_fault_commit(int64_t step);
 
 /* ---- naming ---------------------------------------------------------------------------- */
 

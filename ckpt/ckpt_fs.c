@@ -23,6 +23,9 @@ static int64_t fault_kill_after = -1;
 static int64_t fault_kill_point = -1;
 static _Atomic int64_t fault_written;
 static _Atomic int64_t fault_points;
+static int64_t fault_slow_step = -1;
+static int64_t fault_slow_ms;
+static atomic_bool fault_slow_done;
 
 static void fault_init(void)
 {
@@ -34,6 +37,30 @@ static void fault_init(void)
     env = getenv("REGROUP_CKPT_KILL_AT_POINT");
     if (env != NULL && rg_parse_i64(env, &v) && v >= 1) {
         fault_kill_point = v;
+    }
+    /* STEP:MS */
+    env = getenv("REGROUP_CKPT_SLOW_COMMIT");
+    const char *colon = env != NULL ? strchr(env, ':') : NULL;
+    char step[32];
+    if (colon != NULL && (size_t)(colon - env) < sizeof(step)) {
+        memcpy(step, env, (size_t)(colon - env));
+        step[colon - env] = '\0';
+        int64_t ms;
+        if (rg_parse_i64(step, &v) && v >= 0 && rg_parse_i64(colon + 1, &ms) && ms >= 0 &&
+            ms <= 600000) {
+            fault_slow_step = v;
+            fault_slow_ms = ms;
+        }
+    }
+}
+
+void ckpt_fault_commit(int64_t step)
+{
+    pthread_once(&fault_once, fault_init);
+    if (step == fault_slow_step && !atomic_exchange(&fault_slow_done, true)) {
+        rg_warn("checkpoint step %lld: the commit waits %lld ms first "
+                "(REGROUP_CKPT_SLOW_COMMIT)", (long long)step, (long long)fault_slow_ms);
+        rg_sleep_ms(fault_slow_ms);
     }
 }
 

@@ -259,6 +259,43 @@ START_TEST(fenced_report)
 }
 END_TEST
 
+/* rg_train_ckpt_wait returns once the checkpoint rg_report started has landed; one whose
+ * commit comes after the job moved to a newer round (REGROUP_CKPT_SLOW_COMMIT holds it back
+ * 1.5 s) is refused, and the wait says so (this worker is not in place: the failure itself). */
+START_TEST(ckpt_wait_sees_the_commit)
+{
+    char root[300];
+    rg_train_ctx_t *ctx = NULL;
+    float w[2] = {1, 2};
+    rg_ckpt_tensor_t t = {.name = "w", .dtype = RG_DTYPE_F32, .ndim = 1, .shape = {2},
+                          .row_begin = 0, .row_count = 2, .data = w};
+    rg_train_state_t state = {.tensors = &t, .n_tensors = 1};
+    rg_report_t rep = {.step = 1};
+
+    snprintf(root, sizeof(root), "%s/ckpt", dir);
+    put_round(5);
+    int64_t lease = put_member(5, AGENT);
+    worker_env(5, lease, root);
+    setenv("REGROUP_CKPT_SLOW_COMMIT", "2:1500", 1);
+    ck_assert_int_eq(rg_train_ckpt_wait(NULL), RG_EINVAL);
+    ck_assert_msg(rg_train_init(NULL, &ctx) == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(rg_train_ckpt_wait(ctx) == RG_OK, "%s", rg_last_error());   /* none yet */
+
+    ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(rg_train_ckpt_wait(ctx) == RG_OK, "%s", rg_last_error());
+    ck_assert(step_listed(root, 1));   /* committed when the wait returned */
+
+    rep.step = 2;
+    ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
+    put_round(6);   /* the job moves on while step 2 waits to commit */
+    ck_assert_int_eq(rg_train_ckpt_wait(ctx), RG_ELEASE);
+    ck_assert_msg(strstr(rg_last_error(), "fenced") != NULL, "%s", rg_last_error());
+    ck_assert(!step_listed(root, 2));
+    rg_train_finalize(ctx);
+    unsetenv("REGROUP_CKPT_SLOW_COMMIT");
+}
+END_TEST
+
 /* rg_report never waits on etcd for its progress record: with etcd stopped (SIGSTOP: no
  * answer at all, for the client's 5 s timeout) the call returns at once, and the record lands
  * once etcd answers again. Before, the record was written on the step's path. */
@@ -380,6 +417,7 @@ int main(void)
     tcase_add_test(tc, fenced_put_refused_when_stale);
     tcase_add_test(tc, fenced_checkpoint_commit);
     tcase_add_test(tc, fenced_report);
+    tcase_add_test(tc, ckpt_wait_sees_the_commit);
     tcase_add_test(tc, report_never_waits_on_etcd);
     tcase_add_test(tc, fenced_agent_writes);
     tcase_add_test(tc, audit_finds_stale_write);

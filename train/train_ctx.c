@@ -485,6 +485,14 @@ static rg_status_t fenced_in_place(rg_train_ctx_t *ctx, rg_status_t st, const ch
     return RG_OK;
 }
 
+rg_status_t rg_train_ckpt_wait(rg_train_ctx_t *ctx)
+{
+    if (ctx == NULL) {
+        return rg_error(RG_EINVAL, "rg_train_ckpt_wait: NULL context");
+    }
+    return fenced_in_place(ctx, finish_save(ctx), "checkpoint not committed");
+}
+
 /* rg_report's progress and checkpoint. */
 static rg_status_t report_step(rg_train_ctx_t *ctx, const rg_report_t *report,
                                const rg_train_state_t *state)

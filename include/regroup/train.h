@@ -165,6 +165,19 @@ typedef struct {
 rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
                       const rg_train_state_t *state) RG_TRAIN_NODISCARD;
 
+/*
+ * Not collective. Waits for the checkpoint that rg_report started, if one is in flight: this
+ * rank's shard durable (rank 0: the checkpoint committed, bounded as in rg_report). RG_OK
+ * when it landed or none was in flight; else its failure. In place, a commit that the fence
+ * refused because the job moved to a newer round meanwhile (a replacement got ready, a node
+ * joined or was lost) is RG_OK here and marks this rank's round: the next rg_report's
+ * agreement then gives RG_EMEMBERS on every rank, and the checkpoint is to be taken again in
+ * the new round. For the end of a job in place: rg_report returns before the last
+ * checkpoint commits, and a change that came after it would otherwise leave the job without
+ * it (rg_train_finalize only logs such a failure).
+ */
+rg_status_t rg_train_ckpt_wait(rg_train_ctx_t *ctx) RG_TRAIN_NODISCARD;
+
 /* What an agent can tell its workers, in rg_notice_t.kinds as (1u << kind). */
 typedef enum {
     RG_NOTICE_NONE    = 0,

@@ -154,6 +154,7 @@ _PROTOTYPES = {
     "rg_train_table_commit": (_st, [_P, _P, ctypes.c_int64]),
     "rg_train_notice": (_st, [_P, ctypes.POINTER(Notice)]),
     "rg_train_leave": (_st, [_P, ctypes.POINTER(Report), ctypes.POINTER(TrainState)]),
+    "rg_train_ckpt_wait": (_st, [_P]),
     # comm.h
     "rg_comm_rank": (ctypes.c_int, [_P]),
     "rg_comm_size": (ctypes.c_int, [_P]),

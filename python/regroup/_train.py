@@ -317,6 +317,14 @@ class Context:
             e.notice = self.notice()
             raise
 
+    def wait_checkpoint(self):
+        """Waits for the checkpoint the last report started, if one is in flight
+        (rg_train_ckpt_wait): this rank's share durable, on rank 0 the checkpoint committed;
+        raises its failure. In place, a commit refused because the job moved to a newer round
+        meanwhile is no error here: the next report raises MembershipChanged on every rank,
+        and the checkpoint is to be taken again in the new round. Not collective."""
+        _status.check(self._lib.rg_train_ckpt_wait(self._handle()), "rg_train_ckpt_wait")
+
     def notice(self):
         """What the last report agreed on (rg_train_notice): a Notice, the same kinds on
         every rank; ms_left counts down from that report. Never blocks."""
