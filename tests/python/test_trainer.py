@@ -181,6 +181,29 @@ def test_last_checkpoint_after_a_change_waited(tmp):
 
 
 @pytest.mark.training
+def test_last_checkpoint_committed_after_a_change(tmp):
+    """A replacement joins after the job's last report, before its checkpoint commits (the
+    commit slowed down by 3 s): the job moved to a newer round, whose fence refuses that
+    commit. The workers wait for it before they end, see the change, regroup once more and
+    save the checkpoint again: the result's checkpoint is the last report's. Before, the
+    job ended without it (the result's was the epoch before's)."""
+    last = 32   # 2 epochs of 512 samples, 32 a step
+    rc, out = fit(tmp, "aftercommit", "--workers", 4, "--epochs", 2, "--kill-at", 20,
+                  "--kill-rank", 2, "--max-failures", 2, "--change-after-last-report",
+                  REGROUP_CKPT_SLOW_COMMIT="%d:3000" % last)
+    assert rc == 0, out
+    assert "rank 2: killing myself at step 20" in out, out
+    assert "last report at step %d" % last in out, out
+    assert "checkpoint step %d: the commit waits 3000 ms first" % last in out, out
+    assert "checkpoint_step=%d " % last in out, out
+    assert "counts_ok=True" in out, out
+    assert re.search(r"regrouped at step %d: world size 4, round 2 \(MembershipChanged\)" %
+                     last, out), out
+    assert out.count("worker done") == 3, out   # the replacement ran no loop
+    assert_gone(out)
+
+
+@pytest.mark.training
 def test_restart_mode_same_script(tmp):
     """The same script with FailureConfig(recovery="restart"): every worker restarts from
     the last committed checkpoint (on disk) and the counts are still exact."""

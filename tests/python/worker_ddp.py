@@ -93,7 +93,8 @@ def train_func(config):
     loader = prepare_data_loader(DataLoader(Data(), batch_size=B // config["workers"]),
                                  global_batch_size=B)
     start = 0
-    if config["end_with_change"] and not _session.get().joined:
+    if (config["end_with_change"] or config["change_after_last_report"]) and \
+            not _session.get().joined:
         # A replacement: it joins (in get_checkpoint) only once the members are at their
         # last report, so that the change waits there whatever its start takes.
         wait_for_file(config["at_the_end"])
@@ -150,6 +151,14 @@ def train_func(config):
                      checkpoint=train.Checkpoint.from_dict({
                          "model": model.module.state_dict(), "opt": opt.state_dict(),
                          "epoch": epoch}))
+        if config["change_after_last_report"] and epoch == config["epochs"] - 1 and \
+                ctx.get_world_rank() == 0:
+            # The replacement joins now, while the last report's checkpoint is being
+            # committed (the test slows the commit down): a change after the report
+            print("last report at step %d" % ctx.get_step(), flush=True)
+            with open(config["at_the_end"] + ".tmp", "w"):
+                pass
+            os.rename(config["at_the_end"] + ".tmp", config["at_the_end"])
     print("worker done pid=%d rank=%d world=%d step=%d" % (
         os.getpid(), ctx.get_world_rank(), ctx.get_world_size(), ctx.get_step()), flush=True)
 
@@ -223,6 +232,7 @@ def main():
     ap.add_argument("--max-failures", type=int, default=0)
     ap.add_argument("--bad-config", action="store_true")
     ap.add_argument("--end-with-change", action="store_true")
+    ap.add_argument("--change-after-last-report", action="store_true")
     ap.add_argument("--wait-for-replacement", action="store_true")
     ap.add_argument("--preempt-after-epoch", type=int, default=-1)
     ap.add_argument("--log", default="")
@@ -235,6 +245,7 @@ def main():
               "kill_before": a.kill_before,
               "raise_at": a.raise_at, "raise_rank": a.raise_rank, "workers": a.workers,
               "end_with_change": a.end_with_change,
+              "change_after_last_report": a.change_after_last_report,
               "at_the_end": os.path.join(os.path.abspath(a.storage), a.name + ".at-the-end"),
               "wait_for_replacement": a.wait_for_replacement,
               "preempt_after_epoch": a.preempt_after_epoch, "log": os.path.abspath(a.log),

@@ -408,7 +408,7 @@ class Session:
         job's last checkpoint takes its part in it and ends (Finished)."""
         self.regroup(None)
         if self.finishing:
-            self.redo_on_regroup(self._final_save)
+            self._last_saves(first=self._final_save)
             raise Finished()
 
     def finish(self):
@@ -431,12 +431,24 @@ class Session:
         # that a failure below makes) takes part in the last save and ends: it does not run
         # the training function the others have left.
         self.finishing = True
+        self._last_saves()
+        self._last_record_written()
+
+    def _last_saves(self, first=None):
+        """finish()'s saves, until one pass finds nothing to do: the deferred change's regroup
+        and the last checkpoint again, or the checkpoint of a report that broke off, or that
+        of a save whose commit a change refused (_await_commit). first: a replacement's
+        first pass (it joined in the others' regroup there)."""
         for _ in range(_REGROUP_ATTEMPTS):
-            if self.deferred is not None:
+            if first is not None:
+                again = self.redo_on_regroup(first)
+                first = None
+            elif self.deferred is not None:
                 self.regroup(self.deferred)
-                self.redo_on_regroup(self._final_save)
-            elif not self.redo_on_regroup(lambda: self._final_save(broken_only=True)):
-                self._last_record_written()
+                again = self.redo_on_regroup(self._final_save)
+            else:
+                again = self.redo_on_regroup(lambda: self._final_save(broken_only=True))
+            if not again and self.deferred is None:
                 return
         raise RuntimeError("regroup.train: the job kept changing after the training function "
                            "returned (%d regroups)" % _REGROUP_ATTEMPTS)
@@ -446,18 +458,47 @@ class Session:
         broken_only: if it did and that report broke off. Any rank's word (a replacement
         knows the last report from the state it received, and says no broken one): the same
         collectives on every rank whichever it was called for, since a replacement that
-        joins here cannot know which. Whether it saved. Collective."""
+        joins here cannot know which. Then, if the last report carried a checkpoint, every
+        rank waits for it to land (_await_commit). Whether finish() must pass again (the
+        save broke off, or a change came before it landed). Collective."""
         torch = _torch()
         last = self.last_checkpoint is not None and self.last_checkpoint_step == self.done
-        if broken_only:
-            last = last and self.unsaved_step == self.done
-        need = torch.tensor([1 if last else 0], dtype=torch.int64)
+        flags = torch.tensor([1 if last else 0, 1 if last and self.unsaved_step == self.done
+                              else 0], dtype=torch.int64)
         if self.ctx.world_size > 1:
-            self.ctx.allreduce(need, op="max")
-        if need.item():
+            self.ctx.allreduce(flags, op="max")
+        last, broken = bool(flags[0].item()), bool(flags[1].item())
+        if broken or (last and not broken_only):
             self.unsaved_step = -1   # (set again if this report breaks off too)
+            r = self.ctx.round
             self.boundary(checkpoint=self.last_checkpoint, user=True)
-        return bool(need.item())
+            if self.deferred is not None or self.ctx.round != r:
+                return True
+        return last and not self._await_commit()
+
+    def _await_commit(self):
+        """At the job's end: every rank waits for the last checkpoint to land (rank 0:
+        committed), then a report agrees on the notices; whether it landed with no change.
+        rg_report returns before a checkpoint commits, and a change that came meanwhile (a
+        replacement got ready, a node joined or was lost) moved the job to a newer round,
+        whose fence refused the commit: the job ended without its last checkpoint (the
+        result had the epoch before's, or none). Now that change arrives here, and the
+        checkpoint is due again in the new round (unsaved_step). Collective."""
+        self.unsaved_step = self.done   # until every rank knows it landed
+        r = self.ctx.round
+        try:
+            self.ctx.wait_checkpoint()
+        except _status.Error as e:
+            # (rank 0's commit timed out: a rank died before its share was written)
+            if not (self.in_place and _regroup_failure(e)):
+                raise
+            self.regroup(e)
+            return False
+        self.boundary(user=True)
+        if self.deferred is not None or self.ctx.round != r:
+            return False
+        self.unsaved_step = -1
+        return True
 
     def regroup(self, why):
         """Regroups in place: the state, the optimizer's and the loader's position from the
