@@ -215,28 +215,43 @@ static void worker_env(int round, int64_t lease, const char *ckpt_root)
     setenv("REGROUP_CKPT_DIR", ckpt_root, 1);
 }
 
+/* A worker of AGENT, a member of `round`, whose state is one tensor of two floats. */
+typedef struct {
+    char             root[300];
+    float            w[2];
+    rg_ckpt_tensor_t t;
+    rg_train_state_t state;
+} one_tensor_worker_t;
+
+static void one_tensor_worker(one_tensor_worker_t *o, int round)
+{
+    snprintf(o->root, sizeof(o->root), "%s/ckpt", dir);
+    o->w[0] = 1;
+    o->w[1] = 2;
+    o->t = (rg_ckpt_tensor_t){.name = "w", .dtype = RG_DTYPE_F32, .ndim = 1, .shape = {2},
+                              .row_begin = 0, .row_count = 2, .data = o->w};
+    o->state = (rg_train_state_t){.tensors = &o->t, .n_tensors = 1};
+    put_round(round);
+    int64_t lease = put_member(round, AGENT);
+    worker_env(round, lease, o->root);
+}
+
 START_TEST(fenced_report)
 {
-    char root[300];
     char pkey[RDZV_KEY_MAX];
     char latest[RDZV_KEY_MAX];
     char got[512];
     rg_train_ctx_t *ctx = NULL;
-    float w[2] = {1, 2};
-    rg_ckpt_tensor_t t = {.name = "w", .dtype = RG_DTYPE_F32, .ndim = 1, .shape = {2},
-                          .row_begin = 0, .row_count = 2, .data = w};
-    rg_train_state_t state = {.tensors = &t, .n_tensors = 1};
+    one_tensor_worker_t o;
+    const char *root = o.root;
     rg_report_t rep = {.step = 1};
 
-    snprintf(root, sizeof(root), "%s/ckpt", dir);
-    put_round(5);
-    int64_t lease = put_member(5, AGENT);
-    worker_env(5, lease, root);
+    one_tensor_worker(&o, 5);
     ck_assert_msg(rg_train_init(NULL, &ctx) == RG_OK, "%s", rg_last_error());
     ck_assert(rdzv_keys_progress(&keys, 0, pkey, sizeof(pkey)) == RG_OK);
     ck_assert(rdzv_keys_ckpt_latest(&keys, latest, sizeof(latest)) == RG_OK);
 
-    ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(rg_report(ctx, &rep, &o.state) == RG_OK, "%s", rg_last_error());
     /* The checkpoint of step 1 lands in the background, then its ckpt/latest record (both
      * before the job moves on: a record written after round 6 is refused, as it should be). */
     TEST_WAIT_UNTIL(step_listed(root, 1), 10000, "step 1 committed");
@@ -248,7 +263,7 @@ START_TEST(fenced_report)
      * progress nor a checkpoint of its reaches the job. */
     put_round(6);
     rep.step = 2;
-    ck_assert_int_eq(rg_report(ctx, &rep, &state), RG_ELEASE);
+    ck_assert_int_eq(rg_report(ctx, &rep, &o.state), RG_ELEASE);
     ck_assert_msg(strstr(rg_last_error(), "round 5") != NULL, "%s", rg_last_error());
     get_value(pkey, got, sizeof(got));
     ck_assert_msg(strstr(got, "\"step\":1") != NULL, "%s", got);
@@ -264,29 +279,23 @@ END_TEST
  * 1.5 s) is refused, and the wait says so (this worker is not in place: the failure itself). */
 START_TEST(ckpt_wait_sees_the_commit)
 {
-    char root[300];
     rg_train_ctx_t *ctx = NULL;
-    float w[2] = {1, 2};
-    rg_ckpt_tensor_t t = {.name = "w", .dtype = RG_DTYPE_F32, .ndim = 1, .shape = {2},
-                          .row_begin = 0, .row_count = 2, .data = w};
-    rg_train_state_t state = {.tensors = &t, .n_tensors = 1};
+    one_tensor_worker_t o;
+    const char *root = o.root;
     rg_report_t rep = {.step = 1};
 
-    snprintf(root, sizeof(root), "%s/ckpt", dir);
-    put_round(5);
-    int64_t lease = put_member(5, AGENT);
-    worker_env(5, lease, root);
+    one_tensor_worker(&o, 5);
     setenv("REGROUP_CKPT_SLOW_COMMIT", "2:1500", 1);
     ck_assert_int_eq(rg_train_ckpt_wait(NULL), RG_EINVAL);
     ck_assert_msg(rg_train_init(NULL, &ctx) == RG_OK, "%s", rg_last_error());
     ck_assert_msg(rg_train_ckpt_wait(ctx) == RG_OK, "%s", rg_last_error());   /* none yet */
 
-    ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(rg_report(ctx, &rep, &o.state) == RG_OK, "%s", rg_last_error());
     ck_assert_msg(rg_train_ckpt_wait(ctx) == RG_OK, "%s", rg_last_error());
     ck_assert(step_listed(root, 1));   /* committed when the wait returned */
 
     rep.step = 2;
-    ck_assert_msg(rg_report(ctx, &rep, &state) == RG_OK, "%s", rg_last_error());
+    ck_assert_msg(rg_report(ctx, &rep, &o.state) == RG_OK, "%s", rg_last_error());
     put_round(6);   /* the job moves on while step 2 waits to commit */
     ck_assert_int_eq(rg_train_ckpt_wait(ctx), RG_ELEASE);
     ck_assert_msg(strstr(rg_last_error(), "fenced") != NULL, "%s", rg_last_error());
