@@ -23,6 +23,7 @@
 #define PROGRESS_PERIOD_NS 500000000ull   /* progress without a checkpoint: at most 2/s */
 #define RESTORE_TRIES      8
 #define RETIRED_SAME_STEP_MS 10000   /* an earlier group's save of the step a new one takes */
+#define CKPT_WAIT_SLICE_MS   20      /* rg_train_ckpt_wait, in place: between looks at the round */
 
 static rg_status_t finish_save(rg_train_ctx_t *ctx);
 
@@ -490,7 +491,27 @@ rg_status_t rg_train_ckpt_wait(rg_train_ctx_t *ctx)
     if (ctx == NULL) {
         return rg_error(RG_EINVAL, "rg_train_ckpt_wait: NULL context");
     }
-    return fenced_in_place(ctx, finish_save(ctx), "checkpoint not committed");
+    /* In place, in slices: once this worker's agent is in a newer round (a member was lost,
+     * or a planned change came), the commit is refused or waits for a dead rank's shard until
+     * its deadline, minutes away; the round is marked as a refused commit's is. Bounded by
+     * the save's own deadline. */
+    while (ctx->save != NULL) {
+        rg_notice_assign_t a;
+        rg_status_t st = train_save_finish(ctx, ctx->in_place
+                                                    ? rg_deadline_in_ms(CKPT_WAIT_SLICE_MS)
+                                                    : RG_DEADLINE_DEFAULT);
+        if (ctx->save == NULL) {
+            return fenced_in_place(ctx, st, "checkpoint not committed");
+        }
+        if (rg_notice_read_assign(&ctx->notice, &a) && a.round > ctx->round) {
+            rg_info("the checkpoint of step %lld waits in round %d, and this worker's agent "
+                    "is in round %d: regrouping in place", (long long)ctx->save_step,
+                    ctx->round, a.round);
+            ctx->fenced_round = ctx->round;
+            return RG_OK;
+        }
+    }
+    return RG_OK;
 }
 
 /* rg_report's progress and checkpoint. */

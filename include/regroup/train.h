@@ -171,8 +171,10 @@ rg_status_t rg_report(rg_train_ctx_t *ctx, const rg_report_t *report,
  * when it landed or none was in flight; else its failure. In place, a commit that the fence
  * refused because the job moved to a newer round meanwhile (a replacement got ready, a node
  * joined or was lost) is RG_OK here and marks this rank's round: the next rg_report's
- * agreement then gives RG_EMEMBERS on every rank, and the checkpoint is to be taken again in
- * the new round. For the end of a job in place: rg_report returns before the last
+ * agreement then gives RG_EMEMBERS on every rank (or the group's error, a member having
+ * died), and the checkpoint is to be taken again in the new round. The wait ends the same
+ * way, without waiting for the commit, once this worker's agent is in a newer round: the
+ * commit would be refused, or wait for a dead rank's shard until its deadline. For the end of a job in place: rg_report returns before the last
  * checkpoint commits, and a change that came after it would otherwise leave the job without
  * it (rg_train_finalize only logs such a failure).
  */
