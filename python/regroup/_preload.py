@@ -16,4 +16,7 @@ from . import train  # noqa: E402,F401
 if "torch" in sys.modules:
     from . import _c10d
     from .train import torch as _train_torch  # noqa: F401
-    _c10d.extension()
+    try:
+        _c10d.extension()
+    except ImportError:
+        pass   # (a build without it: a worker that needs it says so, as it would unpreloaded)

@@ -288,6 +288,30 @@ def test_example_accuracy_after_a_kill(tmp):
     assert abs(acc[0] - acc[1]) <= 0.01, (plain, killed)
 
 
+def test_preload_without_the_backend(tmp):
+    """fit()'s fork server imports regroup._preload; in a build without the torch backend's
+    extension it still imports (a worker that needs the backend says so itself, as it would
+    unpreloaded), rather than failing every job of that build at its start."""
+    lib = os.path.join(tmp, "lib")
+    os.makedirs(lib)
+    import regroup
+    src = regroup.library_path()
+    dst = os.path.join(lib, os.path.basename(src))
+    with open(src, "rb") as f, open(dst, "wb") as g:
+        g.write(f.read())
+    env = dict(worker_env(tmp), REGROUP_LIBRARY=dst)
+    env.pop("REGROUP_C10D", None)
+    code = ("import sys, torch, regroup._preload\n"
+            "from regroup import _c10d\n"
+            "assert 'regroup.train.torch' in sys.modules and _c10d._ext is None\n"
+            "try:\n    _c10d.extension()\nexcept ImportError as e:\n"
+            "    print('said:', 'is not found' in str(e))\n")
+    p = subprocess.run([PYTHON, "-c", code], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120, cwd=tmp)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0 and "said: True" in out, out
+
+
 def test_example_data_cache(tmp):
     """The example's --data-cache: the first load decompresses the data set and keeps the
     copies; a later one maps them copy-on-write. The same tensors as the .gz's either way,
