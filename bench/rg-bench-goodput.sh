@@ -36,7 +36,12 @@
 #
 # cost_per_kill_s is (faulty - fault-free job time) / kills, per repetition; regroup_s, in
 # place, the time each of rank 0's regroups took (its "regrouped in place ... in S s" line),
-# over every faulty run. --keep DIR keeps
+# over every faulty run; replacement_ready_ms, in place, each replacement's time from the
+# agent's "replacement started" to its "ready to join". The torch workload's rank 0 also
+# logs its steps (steps.txt): pause_ms, the gaps over 5x the run's median step in the
+# faulty runs; pauses_per_kill, per run; steps_cost_per_kill_s, the faulty run's first-to-
+# last step less the fault-free run's, per kill (the kills' cost without the job's start and
+# end, where the repetitions' noise is). --keep DIR keeps
 # every run's log (and the kills: "MS PID" per line) under DIR.
 #
 #   bench/rg-bench-goodput.sh [--build DIR] [--reps N] [--epochs E] [-n WORKERS]
@@ -287,7 +292,7 @@ done
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$epochs" "$every_ms" "$max_kills" \
     "$here/.." "$build" "$load_start" "$workload" "$modes" <<'EOF'
 import json, os, re, sys
-from rg_bench_steps import build_meta, stats
+from rg_bench_steps import build_meta, pauses, read, span_s, stats
 out, reps, n, epochs, every_ms, max_kills = sys.argv[1], *map(int, sys.argv[2:7])
 meta = build_meta(sys.argv[7], sys.argv[8])
 workload, modes = sys.argv[10], sys.argv[11].split(",")
@@ -304,6 +309,38 @@ REGROUP = re.compile(r"regrouped in place from round \d+ into round \d+: rank 0 
 def regroup_s(mode, rep):
     with open(os.path.join(out, f"{mode}-{rep}-faulty", "log"), errors="replace") as f:
         return [float(m.group(1)) for m in map(REGROUP.search, f) if m]
+STARTED = re.compile(r"^\[([0-9.]+)\] .* replacement started \(pid (\d+)\)")
+READY = re.compile(r"^\[([0-9.]+)\] .*\(pid (\d+)\): the replacement is ready to join")
+def ready_ms(mode, rep):
+    """Each replacement's time from its start to its word that it is ready (the agent's log)."""
+    started, out_ = {}, []
+    with open(os.path.join(out, f"{mode}-{rep}-faulty", "log"), errors="replace") as f:
+        for line in f:
+            m = STARTED.search(line)
+            if m:
+                started[m.group(2)] = float(m.group(1))
+            m = READY.search(line)
+            if m and m.group(2) in started:
+                out_.append((float(m.group(1)) - started[m.group(2)]) * 1000.0)
+    return out_
+def step_log(mode, rep, kind):
+    path = os.path.join(out, f"{mode}-{rep}-{kind}", "steps.txt")
+    return read(path) if os.path.exists(path) else None
+def step_figures(mode):
+    """The torch workload's step logs (rank 0's): its pauses, and the kills' cost in its
+    steps alone (the faulty run's first-to-last step less the fault-free run's, per kill),
+    which leaves out the job's start and end (fit(), the imports, the evaluation)."""
+    logs = [(step_log(mode, r, "clean"), step_log(mode, r, "faulty"), runs[(mode, r, "faulty")])
+            for r in range(reps)]
+    logs = [(c, f, run) for c, f, run in logs if c and f and run["kills"] > 0]
+    if not logs:
+        return {}
+    per_run = [pauses(f) for _, f, _ in logs]
+    return {"pause_ms": stats([p * 1000.0 for ps in per_run for p in ps]),
+            "pauses_per_kill": stats([len(ps) / run["kills"] for ps, (_, _, run) in
+                                      zip(per_run, logs)]),
+            "steps_cost_per_kill_s": stats([(span_s(f) - span_s(c)) / run["kills"]
+                                            for c, f, run in logs])}
 goodput = {}
 for mode in modes:
     clean = [runs[(mode, r, "clean")] for r in range(reps)]
@@ -311,6 +348,10 @@ for mode in modes:
     goodput[mode] = [c["job_s"] / f["job_s"] for c, f in zip(clean, faulty)]
     regroups = [x for r in range(reps) for x in regroup_s(mode, r)]
     extra = {"regroup_s": stats(regroups)} if regroups else {}
+    ready = [x for r in range(reps) for x in ready_ms(mode, r)]
+    if ready:
+        extra["replacement_ready_ms"] = stats(ready)
+    extra.update(step_figures(mode))
     print(json.dumps({
         "bench": "goodput", "workload": workload, "mode": mode, "workers": n,
         "epochs": epochs, "kill_every_s": every_ms / 1000.0, "reps": reps,

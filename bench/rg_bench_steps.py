@@ -1,5 +1,5 @@
-"""Figures from rg-exact's step log, for the recovery benchmarks (rg-bench-recovery.sh,
-rg-bench-scale.sh).
+"""Figures from a step log, for the recovery benchmarks (rg-bench-recovery.sh,
+rg-bench-scale.sh, rg-bench-goodput.sh).
 
 A step log is the file of rg-exact's --step-log: rank 0 appends "STEP MS" for every step it
 completes (MS: CLOCK_REALTIME milliseconds), so a step redone after a restart appears again.
@@ -36,6 +36,22 @@ def fault_ends(steps, epoch_steps=0):
     return [i for i in range(1, len(steps)) if not (
         epoch_steps and steps[i - 1][0] % epoch_steps == 0 and
         steps[i][0] == steps[i - 1][0] + 1)]
+
+
+def pauses(steps, factor=5):
+    """The gaps (s) between two completed steps longer than factor x the median gap: where a
+    fault stopped the job (its regroup, a replacement's join)."""
+    times = [t for _, t in steps]
+    gaps = [(b - a) / 1000.0 for a, b in zip(times, times[1:])]
+    if not gaps:
+        raise ValueError("a step log of fewer than two steps")
+    normal = statistics.median(gaps)
+    return [g for g in gaps if g > factor * normal]
+
+
+def span_s(steps):
+    """From the first completed step to the last, in seconds."""
+    return (steps[-1][1] - steps[0][1]) / 1000.0
 
 
 def stats(xs):
