@@ -257,6 +257,7 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
     rg_etcd_range_req_t rq = {.key = key, .prefix = true, .keys_only = true};
     bool all = true;
     int others = 0;
+    int self = rdzv_assignment_find(a, z->agent);
 
     if (rdzv_keys_done_prefix(&z->keys, r, key, sizeof(key)) != RG_OK ||
         rg_etcd_range(z->etcd, &rq, 0, &res) != RG_OK) {
@@ -264,7 +265,7 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
     }
     for (int i = 0; i < a->n_members && all; i++) {
         char dk[RDZV_KEY_MAX];
-        if (strcmp(a->members[i].agent, z->agent) == 0) {
+        if (i == self) {
             continue;
         }
         others++;
@@ -279,11 +280,7 @@ static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
  * round reads as done to an agent that asks later (a latecomer, which counts every member). */
 static void member_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
 {
-    bool member = false;
-    for (int i = 0; i < a->n_members && !member; i++) {
-        member = strcmp(a->members[i].agent, z->agent) == 0;
-    }
-    if (member && rdzv_done_put(z, r, false) != RG_OK) {
+    if (rdzv_assignment_find(a, z->agent) >= 0 && rdzv_done_put(z, r, false) != RG_OK) {
         rg_warn("rendezvous: cannot record that the job ended for this member of round %d "
                 "(%s)", r, rg_last_error());
     }
