@@ -310,6 +310,9 @@ static rg_status_t post_once(etcd_conn_t *conn, size_t i, const char *path, cons
                      (long)RG_MIN(left, (int64_t)ETCD_CONNECT_TIMEOUT_MS));
     rc = curl_easy_perform(conn->easy);
     conn->last_rc = rc;
+    etcd_count(&conn->stats.requests, 1);
+    etcd_count(&conn->stats.bytes_sent, strlen(body));
+    etcd_count(&conn->stats.bytes_received, conn->resp.len);
     curl_slist_free_all(headers);
     curl_easy_setopt(conn->easy, CURLOPT_HTTPHEADER, NULL);
     if (rc != CURLE_OK) {
@@ -482,4 +485,12 @@ rg_status_t etcd_conn_call(etcd_conn_t *conn, const char *path, json_t *body,
         return rg_error_wrap(RG_ETIMEDOUT, "etcd: %s: no answer before the deadline", path);
     }
     return st;
+}
+
+void etcd_conn_stats_add(const etcd_conn_t *conn, rg_etcd_stats_t *sum)
+{
+    sum->requests += __atomic_load_n(&conn->stats.requests, __ATOMIC_RELAXED);
+    sum->bytes_sent += __atomic_load_n(&conn->stats.bytes_sent, __ATOMIC_RELAXED);
+    sum->bytes_received += __atomic_load_n(&conn->stats.bytes_received, __ATOMIC_RELAXED);
+    sum->events += __atomic_load_n(&conn->stats.events, __ATOMIC_RELAXED);
 }

@@ -46,7 +46,15 @@ typedef struct {
     rg_dbuf_t resp;
     char    errbuf[CURL_ERROR_SIZE];
     CURLcode last_rc;             /* of the last request's transfer */
+    rg_etcd_stats_t stats;        /* written by the owner's thread, read by any (atomics) */
 } etcd_conn_t;
+
+/* Counting into a conn's stats, and reading them, from any thread. */
+static inline void etcd_count(uint64_t *counter, uint64_t n)
+{
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+void etcd_conn_stats_add(const etcd_conn_t *conn, rg_etcd_stats_t *sum);
 
 rg_status_t etcd_conn_init(etcd_conn_t *conn, const rg_etcd_params_t *params);
 void        etcd_conn_cleanup(etcd_conn_t *conn);

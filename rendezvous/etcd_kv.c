@@ -44,6 +44,13 @@ const char *rg_etcd_endpoint(const rg_etcd_t *client)
     return client->conn.urls[client->conn.current];
 }
 
+void rg_etcd_stats_add(const rg_etcd_t *client, rg_etcd_stats_t *sum)
+{
+    if (client != NULL) {
+        etcd_conn_stats_add(&client->conn, sum);
+    }
+}
+
 rg_status_t etcd_client_call(rg_etcd_t *client, const char *path, json_t *body,
                              rg_deadline_t deadline, json_t **reply_p)
 {

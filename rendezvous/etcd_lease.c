@@ -311,3 +311,10 @@ void rg_etcd_keeper_stop(rg_etcd_keeper_t *keeper)
     rg_etcd_destroy(keeper->client);
     free(keeper);
 }
+
+void rg_etcd_keeper_stats_add(const rg_etcd_keeper_t *keeper, rg_etcd_stats_t *sum)
+{
+    if (keeper != NULL) {
+        rg_etcd_stats_add(keeper->client, sum);
+    }
+}

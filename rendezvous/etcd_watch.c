@@ -101,6 +101,7 @@ static rg_status_t queue_push_locked(rg_etcd_watch_t *w, rg_etcd_event_t *ev)
     }
     w->queue[(w->q_head + w->q_len) % w->q_cap] = *ev;
     w->q_len++;
+    etcd_count(&w->conn.stats.events, 1);
     return RG_OK;
 }
 
@@ -231,6 +232,7 @@ static size_t stream_cb(char *ptr, size_t size, size_t nmemb, void *userdata)
     char *nl;
 
     w->heard_ns = rg_now_ns();
+    etcd_count(&w->conn.stats.bytes_received, n);
 
     if (rg_dbuf_append(&w->line, ptr, n) != RG_OK) {
         rg_warn("watch: a stream line is over %u bytes; reconnecting", WATCH_MAX_LINE);
@@ -348,6 +350,8 @@ static void probe_start(rg_etcd_watch_t *w, watch_probe_t *pr, size_t i)
     curl_easy_setopt(pr->easy, CURLOPT_WRITEFUNCTION, discard_cb);
     curl_easy_setopt(pr->easy, CURLOPT_TIMEOUT_MS, (long)WATCH_PROBE_MS);
     curl_easy_setopt(pr->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)WATCH_PROBE_MS);
+    etcd_count(&w->conn.stats.requests, 1);
+    etcd_count(&w->conn.stats.bytes_sent, strlen(pr->body));
     if (curl_multi_add_handle(w->multi, pr->easy) == CURLM_OK) {
         pr->active = true;
     }
@@ -380,6 +384,8 @@ static void run_stream(rg_etcd_watch_t *w, CURL *easy, watch_probe_t *pr, size_t
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, w);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
+    etcd_count(&w->conn.stats.requests, 1);
+    etcd_count(&w->conn.stats.bytes_sent, strlen(body));
     curl_multi_add_handle(w->multi, easy);
     uint64_t confirm_by = rg_now_ns() + WATCH_CONFIRM_MS * 1000000ull;
     w->heard_ns = rg_now_ns();
@@ -652,4 +658,11 @@ void rg_etcd_watch_destroy(rg_etcd_watch_t *w)
     rg_dbuf_cleanup(&w->line);
     etcd_conn_cleanup(&w->conn);
     free(w);
+}
+
+void rg_etcd_watch_stats_add(const rg_etcd_watch_t *watch, rg_etcd_stats_t *sum)
+{
+    if (watch != NULL) {
+        etcd_conn_stats_add(&watch->conn, sum);
+    }
 }

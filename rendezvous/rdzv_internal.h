@@ -108,6 +108,7 @@ struct rg_rdzv {
     rg_etcd_watch_t *watch;
     int              epfd;                  /* watch fd + keeper fd */
     int              keeper_fd_added;
+    rg_etcd_stats_t  retired;               /* counters of keepers and watches stopped */
     /* state */
     int              round;                 /* the round running, or being joined */
     bool             running;               /* a closed round including us runs */

@@ -49,6 +49,7 @@ void rdzv_lease_stop(rg_rdzv_t *z)
 {
     if (z->keeper != NULL) {
         epoll_ctl(z->epfd, EPOLL_CTL_DEL, z->keeper_fd_added, NULL);
+        rg_etcd_keeper_stats_add(z->keeper, &z->retired);
         rg_etcd_keeper_stop(z->keeper);
         z->keeper = NULL;
     }
@@ -108,6 +109,7 @@ bool rdzv_watch_drain(rg_rdzv_t *z)
         if (z->watch != NULL) {
             rg_warn("rendezvous: job watch ended (%s); watching again", rg_last_error());
             epoll_ctl(z->epfd, EPOLL_CTL_DEL, rg_etcd_watch_fd(z->watch), NULL);
+            rg_etcd_watch_stats_add(z->watch, &z->retired);
             rg_etcd_watch_destroy(z->watch);
             z->watch = NULL;
         }
@@ -235,6 +237,14 @@ int64_t rg_rdzv_lease_id(const rg_rdzv_t *z)
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *z)
 {
     return z->etcd;
+}
+
+void rg_rdzv_stats(const rg_rdzv_t *z, rg_etcd_stats_t *out)
+{
+    *out = z->retired;
+    rg_etcd_stats_add(z->etcd, out);
+    rg_etcd_keeper_stats_add(z->keeper, out);
+    rg_etcd_watch_stats_add(z->watch, out);
 }
 
 int rg_rdzv_fd(const rg_rdzv_t *z)

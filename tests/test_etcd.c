@@ -351,6 +351,49 @@ START_TEST(test_watch_order_and_prev)
 }
 END_TEST
 
+/* The counters of a client and a watch: each request and its bytes, each event received. */
+START_TEST(test_stats_count_requests_and_events)
+{
+    rg_etcd_params_t p = params_for(etcd.srv.endpoints);
+    rg_etcd_t *c;
+    rg_etcd_watch_t *w;
+    rg_etcd_stats_t s0 = {0};
+    rg_etcd_stats_t s1 = {0};
+    rg_etcd_stats_t ws = {0};
+
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    rg_etcd_stats_add(c, &s0);
+    ck_assert_uint_eq(s0.requests, 0);
+    rg_etcd_watch_req_t wr = {.key = "/stats/", .prefix = true};
+    ck_assert_int_eq(rg_etcd_watch_create(&p, &wr, 0, &w), RG_OK);
+    put(c, "/stats/a", "1");
+    put(c, "/stats/b", "22");
+    put(c, "/elsewhere", "333");
+    rg_etcd_range_t r;
+    rg_etcd_range_req_t rq = {.key = "/stats/", .prefix = true};
+    ck_assert_int_eq(rg_etcd_range(c, &rq, 0, &r), RG_OK);
+    ck_assert_int_eq((int)r.n_kvs, 2);
+    rg_etcd_range_cleanup(&r);
+    rg_etcd_stats_add(c, &s1);
+    ck_assert_uint_eq(s1.requests, 4);
+    ck_assert_uint_gt(s1.bytes_sent, 0);
+    ck_assert_uint_gt(s1.bytes_received, 0);
+    ck_assert_uint_eq(s1.events, 0);
+    expect_event(w, RG_ETCD_EVENT_PUT, "/stats/a", "1");
+    expect_event(w, RG_ETCD_EVENT_PUT, "/stats/b", "22");
+    rg_etcd_watch_stats_add(w, &ws);
+    ck_assert_uint_eq(ws.events, 2);   /* /elsewhere is not in the watch */
+    ck_assert_uint_ge(ws.requests, 1);
+    ck_assert_uint_gt(ws.bytes_received, 0);
+    rg_etcd_stats_add(NULL, &ws);
+    rg_etcd_watch_stats_add(NULL, &ws);
+    rg_etcd_keeper_stats_add(NULL, &ws);
+    ck_assert_uint_eq(ws.events, 2);
+    rg_etcd_watch_destroy(w);
+    rg_etcd_destroy(c);
+}
+END_TEST
+
 START_TEST(test_watch_survives_restart)
 {
     rg_etcd_watch_t *w;
@@ -599,6 +642,7 @@ Suite *etcd_suite(void)
     tcase_add_test(tc, test_lease_expiry_and_keepalive);
     tcase_add_test(tc, test_watch_order_and_prev);
     tcase_add_test(tc, test_watch_next_deadlines);
+    tcase_add_test(tc, test_stats_count_requests_and_events);
     tcase_add_test(tc, test_watch_survives_restart);
     tcase_add_test(tc, test_watch_compacted);
     tcase_add_test(tc, test_unreachable);

@@ -69,6 +69,20 @@ void rg_etcd_destroy(rg_etcd_t *client);
  * Never blocks. */
 const char *rg_etcd_endpoint(const rg_etcd_t *client);
 
+/* What a client, a keeper or a watch has cost etcd and this process so far: each HTTP
+ * request posted (every try of a call counts, keep-alives too), the bytes of the request
+ * bodies and of the answers (a watch's stream included), and the events a watch received.
+ * Counters only grow; reading them never blocks and is safe from any thread. */
+typedef struct {
+    uint64_t requests;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    uint64_t events;
+} rg_etcd_stats_t;
+
+/* Adds the client's counters to *sum (NULL client: nothing). */
+void rg_etcd_stats_add(const rg_etcd_t *client, rg_etcd_stats_t *sum);
+
 /* ---- key-value ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -266,6 +280,8 @@ bool rg_etcd_keeper_lost(rg_etcd_keeper_t *keeper);
 int  rg_etcd_keeper_fd(rg_etcd_keeper_t *keeper);   /* readable once the lease is lost */
 /* Stops the thread (within ~the client timeout). Does not revoke. Accepts NULL. */
 void rg_etcd_keeper_stop(rg_etcd_keeper_t *keeper);
+/* Adds the keeper's counters (its keep-alives) to *sum. Accepts NULL. */
+void rg_etcd_keeper_stats_add(const rg_etcd_keeper_t *keeper, rg_etcd_stats_t *sum);
 
 /* ---- watch ----------------------------------------------------------------------------- */
 
@@ -322,6 +338,9 @@ int64_t rg_etcd_watch_revision(rg_etcd_watch_t *watch);
 void rg_etcd_event_cleanup(rg_etcd_event_t *ev);
 /* Closes the stream, stops the thread and frees the watch. Accepts NULL. */
 void rg_etcd_watch_destroy(rg_etcd_watch_t *watch);
+/* Adds the watch's counters (its (re)connects, the stream's bytes, the events it queued)
+ * to *sum. Accepts NULL. */
+void rg_etcd_watch_stats_add(const rg_etcd_watch_t *watch, rg_etcd_stats_t *sum);
 
 /* Frees what a kv owns (not the struct). Accepts NULL. */
 void rg_etcd_kv_cleanup(rg_etcd_kv_t *kv);

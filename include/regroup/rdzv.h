@@ -104,6 +104,11 @@ int64_t rg_rdzv_lease_id(const rg_rdzv_t *rdzv);
 /* The etcd client the rendezvous uses (for status and progress keys); owned by the
  * rendezvous, valid until rg_rdzv_destroy. */
 rg_etcd_t *rg_rdzv_client(rg_rdzv_t *rdzv);
+/* What this handle has cost etcd so far: the requests and bytes of its client (and of what
+ * others write through rg_rdzv_client), its lease keepers' keep-alives and its watches'
+ * streams, and the events its watches received (rg_etcd_stats_t). Never blocks; call it from
+ * the handle's thread. */
+void rg_rdzv_stats(const rg_rdzv_t *rdzv, rg_etcd_stats_t *out);
 
 /*
  * Joins the current round (or the next one, waiting if the job is running without this
