@@ -297,12 +297,18 @@ rg_status_t rg_rdzv_next_round(rg_rdzv_t *z)
     }
     st = rdzv_round_advance_fenced(z, r, &fence);
     if (st == RG_ELEASE) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", rg_last_error());
+        int now = -1;
+        if (rdzv_round_read(z, &now) == RG_OK && now > r) {
+            /* Another agent moved the round on between the read and the move (the fence
+             * compares the round too): what this call was for. */
+            return RG_OK;
+        }
         /* Not a member any more. If nobody is (every lease of the round ended at once: etcd
          * was out of reach of them all), the round is dead and someone must move on, or
          * every agent would find itself named by its closed record again and again. */
-        char msg[1024];
         bool moved = false;
-        snprintf(msg, sizeof(msg), "%s", rg_last_error());
         if (rdzv_round_advance_if_dead(z, r, &moved) == RG_OK && moved) {
             return RG_OK;
         }

@@ -447,6 +447,120 @@ START_TEST(test_create_when_no_watch_is_confirmed)
 }
 END_TEST
 
+/* Many agents: all join one round, one leaves, every other sees it, moves the round on and
+ * joins the next, at once. Each move races the others' (a read of `round`, then a fenced
+ * compare-and-swap): losing that race is the round moved on, not a lost membership, and
+ * rg_rdzv_next_round says RG_OK (it said RG_ELEASE, "no longer a member", to a few of them
+ * every time at 8 agents and more). */
+#define MANY 96
+
+typedef struct {
+    rg_rdzv_t           *z;
+    rg_status_t          st;      /* the first failure, or RG_OK */
+    char                 what[256];
+    int                  rank0;
+    rg_rdzv_assignment_t a;
+} survivor_t;
+
+static void *survivor_main(void *arg)
+{
+    survivor_t *v = arg;
+    rg_deadline_t deadline = rg_deadline_in_ms(30000);
+    rg_rdzv_change_t c = RG_RDZV_NONE;
+    v->st = RG_OK;
+    while (c == RG_RDZV_NONE && v->st == RG_OK) {
+        if (rg_deadline_passed(deadline)) {
+            v->st = RG_ETIMEDOUT;
+            snprintf(v->what, sizeof(v->what), "no change within 30 s");
+            return NULL;
+        }
+        struct pollfd pfd = {.fd = rg_rdzv_fd(v->z), .events = POLLIN};
+        (void)poll(&pfd, 1, 100);
+        v->st = rg_rdzv_check(v->z, &c);
+    }
+    if (v->st == RG_OK && c != RG_RDZV_MEMBER_LOST && c != RG_RDZV_NEW_ROUND) {
+        v->st = RG_EPROTO;
+        snprintf(v->what, sizeof(v->what), "change %d", (int)c);
+        return NULL;
+    }
+    if (v->st == RG_OK) {
+        v->st = rg_rdzv_next_round(v->z);
+    }
+    if (v->st == RG_OK) {
+        v->st = rg_rdzv_join(v->z, -1, &v->a);
+    }
+    if (v->st != RG_OK && v->what[0] == '\0') {
+        snprintf(v->what, sizeof(v->what), "%s", rg_last_error());
+    }
+    return NULL;
+}
+
+START_TEST(test_many_agents_lose_one_and_regroup)
+{
+    joiner_t *j = calloc(MANY, sizeof(*j));
+    survivor_t *v = calloc(MANY, sizeof(*v));
+    pthread_t *t = calloc(MANY, sizeof(*t));
+    char job[64];
+
+    ck_assert(j != NULL && v != NULL && t != NULL);
+    snprintf(job, sizeof(job), "many-%d", (int)getpid());
+    rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 5000},
+                          .job = job, .addr = "127.0.0.1", .nproc = 8, .min_nodes = MANY - 1,
+                          .max_nodes = MANY, .lease_ttl_s = 10, .last_call_ms = 60000,
+                          .join_timeout_ms = 60000, .max_restarts = 3};
+    for (int i = 0; i < MANY; i++) {
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    for (int i = 0; i < MANY; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+    bool seen[MANY] = {false};
+    for (int i = 0; i < MANY; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert_int_eq(j[i].a.round, 0);
+        ck_assert_int_eq(j[i].a.n_members, MANY);
+        ck_assert_int_eq(j[i].a.world_size, MANY * 8);
+        ck_assert(!seen[j[i].a.group_rank]);
+        seen[j[i].a.group_rank] = true;
+    }
+    /* The member ranked last leaves; the others keep their ranks in the next round. */
+    int gone = 0;
+    for (int i = 0; i < MANY; i++) {
+        gone = j[i].a.group_rank == MANY - 1 ? i : gone;
+    }
+    ck_assert_int_eq(rg_rdzv_leave(j[gone].z), RG_OK);
+    rg_rdzv_destroy(j[gone].z);
+    j[gone].z = NULL;
+    for (int i = 0; i < MANY; i++) {
+        v[i] = (survivor_t){.z = j[i].z, .rank0 = j[i].a.group_rank};
+        if (i != gone) {
+            ck_assert_int_eq(pthread_create(&t[i], NULL, survivor_main, &v[i]), 0);
+        }
+    }
+    for (int i = 0; i < MANY; i++) {
+        if (i == gone) {
+            continue;
+        }
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(v[i].st == RG_OK, "agent %d: %s: %s", i, rg_status_name(v[i].st),
+                      v[i].what);
+        ck_assert_int_eq(v[i].a.round, 1);
+        ck_assert_int_eq(v[i].a.n_members, MANY - 1);
+        ck_assert_int_eq(v[i].a.group_rank, v[i].rank0);
+    }
+    for (int i = 0; i < MANY; i++) {
+        if (j[i].z != NULL) {
+            ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+            rg_rdzv_destroy(j[i].z);
+        }
+    }
+    free(t);
+    free(v);
+    free(j);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -458,6 +572,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_round_opened_after_the_job_finished);
     tcase_add_test(tc, test_member_whose_peers_finished_without_it);
     tcase_add_test(tc, test_create_when_no_watch_is_confirmed);
+    tcase_add_test(tc, test_many_agents_lose_one_and_regroup);
     suite_add_tcase(s, tc);
     return s;
 }
