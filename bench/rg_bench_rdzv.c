@@ -15,7 +15,7 @@
  *           members, world N x nproc, its own rank).
  *   steady  (N <= --steady-max) for --steady-s seconds the agents look after their round
  *           (poll their fd, rg_rdzv_check: every change is an error) while two writer
- *           threads put a progress record (status/progress/<rank>, rdzv_rec_progress) for
+ *           threads put a progress record (workers/status/progress/<rank>, rdzv_rec_progress) for
  *           each of the N x nproc ranks --progress-hz times a second, as rg_report would:
  *           each agent's watch events a second (what fans progress out to the agents).
  *   loss    the last agent leaves (rg_rdzv_leave: its lease revoked, so that the loss is

@@ -3,8 +3,8 @@
  * and the records' formats are rendezvous/rdzv_keys.h's, the module every other part of
  * regroup writes them with; this file only chooses what to read:
  *   rank 0's progress record          -> chaos_job_progress (step, round, time)
- *   ckpt/latest, the committed step   -> chaos_job_committed_step
- *   status/restored                   -> chaos_job_restored
+ *   workers/ckpt/latest, the committed step   -> chaos_job_committed_step
+ *   workers/status/restored                   -> chaos_job_restored
  *   failures/, counted                -> chaos_job_failure_count
  *   rounds/<r>/closed, an agent's pid -> chaos_job_agent_in_round
  *   the whole job (rg_rdzv_status_print) -> chaos_job_print_state

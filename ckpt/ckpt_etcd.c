@@ -1,4 +1,4 @@
-/* The commit's etcd part: ckpt/latest of the job's keys (rendezvous/rdzv_keys.h), written
+/* The commit's etcd part: workers/ckpt/latest of the job's keys (rendezvous/rdzv_keys.h), written
  * under the writer's fence (rendezvous/rdzv_fence.h) when it has one. */
 #include "ckpt_internal.h"
 #include "rdzv_fence.h"
@@ -55,7 +55,7 @@ rg_status_t ckpt_etcd_record(const ckpt_commit_args_t *a)
     if (st != RG_OK) {
         return rg_error_wrap(st, "recording checkpoint step %" PRId64, a->step);
     }
-    snprintf(what, sizeof(what), "recording checkpoint step %" PRId64 " at ckpt/latest",
+    snprintf(what, sizeof(what), "recording checkpoint step %" PRId64 " at workers/ckpt/latest",
              a->step);
     st = rdzv_fence_put(a->etcd, &fence, key, value, 0, 0, what);
     if (st != RG_OK) {

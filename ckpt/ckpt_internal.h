@@ -111,7 +111,7 @@ rg_status_t ckpt_commit(const ckpt_commit_args_t *a);
 
 /* The commit's etcd part (ckpt_etcd.c), both under the args' fence: whether the writer may
  * commit at all (before the MANIFEST; RG_ELEASE if fenced), and recording the committed
- * step at ckpt/latest. */
+ * step at workers/ckpt/latest. */
 rg_status_t ckpt_etcd_fence_check(const ckpt_commit_args_t *a);
 rg_status_t ckpt_etcd_record(const ckpt_commit_args_t *a);
 

@@ -212,12 +212,18 @@ static rg_status_t write_closed(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t 
                     lost == 1 ? "was" : "were", r, a->n_members, a->restart_count,
                     a->excused_count);
         }
-        /* Old rounds are history now; keep the last two for status and debugging. */
-        if (r >= 2 && rdzv_keys_round_prefix(&z->keys, r - 2, old, sizeof(old)) == RG_OK) {
-            rg_etcd_delete_t dr;
-            rg_etcd_delete_req_t dq = {.key = old, .prefix = true};
-            if (rg_etcd_delete(z->etcd, &dq, 0, &dr) == RG_OK) {
-                rg_etcd_delete_cleanup(&dr);
+        /* Old rounds are history now; keep the last two for status and debugging: the
+         * agents' keys of round r - 2 and its workers' (their wire-up addresses). */
+        char old_w[RDZV_KEY_MAX];
+        if (r >= 2 && rdzv_keys_round_prefix(&z->keys, r - 2, old, sizeof(old)) == RG_OK &&
+            rdzv_keys_workers_round_prefix(&z->keys, r - 2, old_w, sizeof(old_w)) == RG_OK) {
+            rg_etcd_op_t del[2] = {
+                {.type = RG_ETCD_OP_DELETE, .u.del = {.key = old, .prefix = true}},
+                {.type = RG_ETCD_OP_DELETE, .u.del = {.key = old_w, .prefix = true}},
+            };
+            rg_etcd_txn_t dt;
+            if (rg_etcd_txn(z->etcd, NULL, 0, del, 2, NULL, 0, 0, &dt) == RG_OK) {
+                rg_etcd_txn_cleanup(&dt);
             }
         }
     }

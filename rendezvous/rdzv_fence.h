@@ -1,6 +1,6 @@
 /*
  * Fencing: every write that publishes on behalf of a job (a checkpoint commit and
- * ckpt/latest, progress, the restored record, a failure marker, done, a round change) is one
+ * workers/ckpt/latest, progress, the restored record, a failure marker, done, a round change) is one
  * etcd transaction whose compares say that the writer is still a member of the round it
  * works for:
  *

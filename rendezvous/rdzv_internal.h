@@ -109,6 +109,7 @@ struct rg_rdzv {
     int              epfd;                  /* watch fd + keeper fd */
     int              keeper_fd_added;
     rg_etcd_stats_t  retired;               /* counters of keepers and watches stopped */
+    bool             layout_ok;             /* the job's `layout` was found to be ours */
     /* state */
     int              round;                 /* the round running, or being joined */
     bool             running;               /* a closed round including us runs */
@@ -137,7 +138,7 @@ void        rdzv_lease_stop(rg_rdzv_t *z);
 /* If the keeper lost the lease: forgets the registrations and starts a new lease. */
 rg_status_t rdzv_lease_renew_if_lost(rg_rdzv_t *z, rg_deadline_t deadline);
 /* Drains queued watch events (re-watching if the watch ended); true if any may matter
- * (is outside status/, or the watch was renewed). */
+ * (the watch holds only what agents act on), or the watch was renewed. */
 bool        rdzv_watch_drain(rg_rdzv_t *z);
 
 /* rdzv_round.c: reads `round` (creating it as 0 for the job's first agent). */

@@ -80,6 +80,22 @@ rg_status_t rdzv_keys_round(const rdzv_keys_t *k, char *buf, size_t cap)
     return keys_fmt(k, buf, cap, "round");
 }
 
+rg_status_t rdzv_keys_layout(const rdzv_keys_t *k, char *buf, size_t cap)
+{
+    return keys_fmt(k, buf, cap, "layout");
+}
+
+rg_status_t rdzv_keys_workers_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
+{
+    return keys_fmt(k, buf, cap, "workers/");
+}
+
+rg_status_t rdzv_keys_workers_round_prefix(const rdzv_keys_t *k, int64_t r, char *buf,
+                                           size_t cap)
+{
+    return keys_fmt(k, buf, cap, "workers/rounds/%" PRId64 "/", r);
+}
+
 rg_status_t rdzv_keys_round_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
 {
     return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/", r);
@@ -119,7 +135,7 @@ rg_status_t rdzv_keys_done(const rdzv_keys_t *k, int64_t r, const char *agent, c
 
 rg_status_t rdzv_keys_comm_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/store/comm/", r);
+    return keys_fmt(k, buf, cap, "workers/rounds/%" PRId64 "/comm/", r);
 }
 
 rg_status_t rdzv_keys_waiting_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
@@ -151,27 +167,27 @@ rg_status_t rdzv_keys_failure(const rdzv_keys_t *k, int64_t r, const char *agent
 
 rg_status_t rdzv_keys_status_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "status/");
+    return keys_fmt(k, buf, cap, "workers/status/");
 }
 
 rg_status_t rdzv_keys_progress_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "status/progress/");
+    return keys_fmt(k, buf, cap, "workers/status/progress/");
 }
 
 rg_status_t rdzv_keys_progress(const rdzv_keys_t *k, int rank, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "status/progress/%d", rank);
+    return keys_fmt(k, buf, cap, "workers/status/progress/%d", rank);
 }
 
 rg_status_t rdzv_keys_restored(const rdzv_keys_t *k, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "status/restored");
+    return keys_fmt(k, buf, cap, "workers/status/restored");
 }
 
 rg_status_t rdzv_keys_ckpt_latest(const rdzv_keys_t *k, char *buf, size_t cap)
 {
-    return keys_fmt(k, buf, cap, "ckpt/latest");
+    return keys_fmt(k, buf, cap, "workers/ckpt/latest");
 }
 
 rg_status_t rdzv_keys_leaving_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)

@@ -30,6 +30,10 @@
 #define RDZV_PROGRESS_METRICS 32          /* RG_TRAIN_MAX_METRICS */
 #define RDZV_METRIC_NAME_MAX  64
 #define RDZV_ROUND_MAX        1000000000  /* a `round` value above this is refused */
+/* The value of `layout`: which layout of docs/etcd-keys.md a job's keys follow. 2: workers'
+ * keys under workers/; 1 (no `layout` key): progress under status/, addresses under
+ * rounds/<r>/store/, workers/ckpt/latest at the top. An agent refuses a job of another layout. */
+#define RDZV_LAYOUT           "2"
 #define RDZV_DONE_VALUE       "1"         /* rounds/<r>/done/<agent> before it held a time */
 
 /* ---- keys -------------------------------------------------------------------------------- */
@@ -52,6 +56,15 @@ const char *rdzv_keys_prefix(const rdzv_keys_t *keys);
 /* Each builder writes one key (or one prefix, ending in '/') into buf[cap]; RG_EINVAL (and
  * nothing usable in buf) if it does not fit. agent is an agent id (rdzv_agent_id_make). */
 rg_status_t rdzv_keys_round(const rdzv_keys_t *k, char *buf, size_t cap) RG_NODISCARD;
+rg_status_t rdzv_keys_layout(const rdzv_keys_t *k, char *buf, size_t cap)
+    RG_NODISCARD;                                  /* layout: RDZV_LAYOUT, with `round` */
+/* workers/: what workers write (progress, restored, checkpoints, wire-up addresses), where
+ * the agents' watch ends: an agent watches [prefix, prefix "workers/"), so a key that agents
+ * must see sorts before "workers/" and one they need not see goes under it. */
+rg_status_t rdzv_keys_workers_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
+    RG_NODISCARD;                                                             /* workers/ */
+rg_status_t rdzv_keys_workers_round_prefix(const rdzv_keys_t *k, int64_t r, char *buf,
+                                           size_t cap) RG_NODISCARD; /* workers/rounds/<r>/ */
 rg_status_t rdzv_keys_round_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
     RG_NODISCARD;                                                         /* rounds/<r>/ */
 rg_status_t rdzv_keys_nodes_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
@@ -67,7 +80,7 @@ rg_status_t rdzv_keys_done_prefix(const rdzv_keys_t *k, int64_t r, char *buf, si
 rg_status_t rdzv_keys_done(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
                            size_t cap) RG_NODISCARD;           /* rounds/<r>/done/<agent> */
 rg_status_t rdzv_keys_comm_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
-    RG_NODISCARD;                                           /* rounds/<r>/store/comm/ */
+    RG_NODISCARD;                                           /* workers/rounds/<r>/comm/ */
 rg_status_t rdzv_keys_waiting_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                                                            /* waiting/ */
 rg_status_t rdzv_keys_waiting(const rdzv_keys_t *k, const char *agent, char *buf, size_t cap)
@@ -79,15 +92,15 @@ rg_status_t rdzv_keys_failures_round_prefix(const rdzv_keys_t *k, int64_t r, cha
 rg_status_t rdzv_keys_failure(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
                               size_t cap) RG_NODISCARD;              /* failures/<r>/<agent> */
 rg_status_t rdzv_keys_status_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
-    RG_NODISCARD;                                                             /* status/ */
+    RG_NODISCARD;                                                     /* workers/status/ */
 rg_status_t rdzv_keys_progress_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
-    RG_NODISCARD;                                                   /* status/progress/ */
+    RG_NODISCARD;                                           /* workers/status/progress/ */
 rg_status_t rdzv_keys_progress(const rdzv_keys_t *k, int rank, char *buf, size_t cap)
-    RG_NODISCARD;                                            /* status/progress/<rank> */
+    RG_NODISCARD;                                    /* workers/status/progress/<rank> */
 rg_status_t rdzv_keys_restored(const rdzv_keys_t *k, char *buf, size_t cap)
-    RG_NODISCARD;                                                     /* status/restored */
+    RG_NODISCARD;                                             /* workers/status/restored */
 rg_status_t rdzv_keys_ckpt_latest(const rdzv_keys_t *k, char *buf, size_t cap)
-    RG_NODISCARD;                                                         /* ckpt/latest */
+    RG_NODISCARD;                                                 /* workers/ckpt/latest */
 rg_status_t rdzv_keys_leaving_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
     RG_NODISCARD;                                                 /* rounds/<r>/leaving/ */
 rg_status_t rdzv_keys_leaving(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
@@ -108,7 +121,7 @@ bool rdzv_agent_id_parse(const char *id, char *host, size_t host_cap, pid_t *pid
 
 /* ---- records ----------------------------------------------------------------------------- */
 
-/* `round` and `ckpt/latest`: decimal text. Encoders write into buf[cap] (RDZV_NUM_MAX is
+/* `round` and `workers/ckpt/latest`: decimal text. Encoders write into buf[cap] (RDZV_NUM_MAX is
  * enough); decoders refuse anything but a whole number in range (round 0..RDZV_ROUND_MAX,
  * step >= 0). */
 rg_status_t rdzv_rec_round_encode(int64_t r, char *buf, size_t cap) RG_NODISCARD;
@@ -187,7 +200,7 @@ rg_status_t rdzv_rec_failure_decode(const char *v, size_t len, rdzv_failure_rec_
 /* Frees what the decoder allocated; accepts a zeroed or encoder-filled record. */
 void rdzv_rec_failure_cleanup(rdzv_failure_rec_t *f);
 
-/* status/progress/<rank>: {"step","epoch","round","time","metrics":{name: value...}} and,
+/* workers/status/progress/<rank>: {"step","epoch","round","time","metrics":{name: value...}} and,
  * once the rank's compute share is measured (train/train_straggler.c), "compute" (its share
  * of the step), "slow" (that over the other ranks' median) and, while it is a straggler,
  * "slow_s" (for how long). Metric names are 1-64 characters of [A-Za-z0-9_.-] (the encoder
@@ -214,7 +227,7 @@ rg_status_t rdzv_rec_progress_encode(const rdzv_progress_rec_t *p, char *buf, si
 rg_status_t rdzv_rec_progress_decode(const char *v, size_t len, rdzv_progress_rec_t *p)
     RG_NODISCARD;
 
-/* status/restored: {"round","step"}: the round that restored a checkpoint, and its step. */
+/* workers/status/restored: {"round","step"}: the round that restored a checkpoint, and its step. */
 typedef struct {
     int     round;
     int64_t step;

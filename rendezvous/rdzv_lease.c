@@ -67,10 +67,18 @@ rg_status_t rdzv_lease_renew_if_lost(rg_rdzv_t *z, rg_deadline_t deadline)
     return rdzv_lease_start(z, deadline);
 }
 
+/* The agent's watch: the job's keys up to workers/ (rdzv_keys.h), so that what workers write
+ * (progress twice a second a rank, wire-up addresses, checkpoints) is not sent to every
+ * agent. */
 static rg_status_t watch_start(rg_rdzv_t *z)
 {
-    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&z->keys), .prefix = true};
-    rg_status_t st = rg_etcd_watch_create(&z->p.etcd, &wr, 0, &z->watch);
+    char end[RDZV_KEY_MAX];
+    rg_status_t st = rdzv_keys_workers_prefix(&z->keys, end, sizeof(end));
+    if (st != RG_OK) {
+        return st;
+    }
+    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&z->keys), .range_end = end};
+    st = rg_etcd_watch_create(&z->p.etcd, &wr, 0, &z->watch);
     if (st != RG_OK) {
         z->watch = NULL;
         return st;
@@ -86,21 +94,13 @@ bool rdzv_watch_drain(rg_rdzv_t *z)
 {
     rg_etcd_event_t ev;
     bool relevant = false;
-    char status_prefix[RDZV_KEY_MAX];
     rg_status_t st;
 
-    /* The status prefix always fits (rdzv_keys_init checked the job); if it did not, every
-     * event would count, which is only slower. */
-    if (rdzv_keys_status_prefix(&z->keys, status_prefix, sizeof(status_prefix)) != RG_OK) {
-        status_prefix[0] = '\0';
-    }
     /* No watch (a new one could not be made last time): as if it had just ended. */
     st = z->watch == NULL ? RG_ECANCELED : RG_OK;
     while (st == RG_OK &&
            (st = rg_etcd_watch_next(z->watch, RG_DEADLINE_POLL, &ev, NULL)) == RG_OK) {
-        if (status_prefix[0] == '\0' || rdzv_keys_tail(ev.kv.key, status_prefix) == NULL) {
-            relevant = true;
-        }
+        relevant = true;   /* the watch holds only what agents act on */
         rg_etcd_event_cleanup(&ev);
     }
     if (st != RG_ETIMEDOUT) {

@@ -61,7 +61,7 @@ rg_status_t rdzv_rec_ckpt_latest_encode(int64_t step, char *buf, size_t cap)
 
 rg_status_t rdzv_rec_ckpt_latest_decode(const char *v, size_t len, int64_t *step)
 {
-    return num_decode("ckpt/latest", v, len, 0, INT64_MAX, step);
+    return num_decode("workers/ckpt/latest", v, len, 0, INT64_MAX, step);
 }
 
 /* ---- JSON field readers ---------------------------------------------------------------- */

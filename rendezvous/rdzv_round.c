@@ -36,26 +36,76 @@ static int free_port(const char *addr)
     return port;
 }
 
+/* Whether the job's keys follow this build's layout (RDZV_LAYOUT): `layout` says which, and
+ * a job with `round` but no `layout` was started by a regroup from before the key. */
+static rg_status_t layout_check(rg_rdzv_t *z, const char *round_key, const char *layout_key)
+{
+    rg_etcd_op_t ops[2] = {
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = round_key, .keys_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = layout_key}},
+    };
+    rg_etcd_txn_t t;
+    rg_status_t st = rg_etcd_txn(z->etcd, NULL, 0, ops, 2, NULL, 0, 0, &t);
+    if (st != RG_OK) {
+        return st;
+    }
+    const rg_etcd_range_t *round = &t.results[0].u.range;
+    const rg_etcd_range_t *layout = &t.results[1].u.range;
+    char have[16] = "1";
+    bool ours = round->n_kvs == 0 && layout->n_kvs == 0;   /* a new job: ours to lay out */
+    if (layout->n_kvs == 1) {
+        const rg_etcd_kv_t *kv = &layout->kvs[0];
+        ours = kv->value_len == strlen(RDZV_LAYOUT) &&
+               memcmp(kv->value, RDZV_LAYOUT, kv->value_len) == 0;
+        snprintf(have, sizeof(have), "%.*s", (int)RG_MIN(kv->value_len, sizeof(have) - 1),
+                 kv->value);
+    }
+    rg_etcd_txn_cleanup(&t);
+    if (!ours) {
+        return rg_error(RG_EPROTO, "rendezvous: job %s: its keys in etcd (under %s) follow "
+                        "layout %s%s, and this regroup reads layout %s "
+                        "(docs/etcd-keys.md): let the job end with the regroup that "
+                        "started it, or run this one under another --rdzv-id", z->job,
+                        rdzv_keys_prefix(&z->keys), have,
+                        strcmp(have, "1") == 0 ? " (a regroup from before the layout key)"
+                                               : "",
+                        RDZV_LAYOUT);
+    }
+    z->layout_ok = true;
+    return RG_OK;
+}
+
 rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p)
 {
     char key[RDZV_KEY_MAX];
+    char layout_key[RDZV_KEY_MAX];
     char *v;
     size_t len;
     int64_t r;
     rg_status_t st;
 
     st = rdzv_keys_round(&z->keys, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rdzv_keys_layout(&z->keys, layout_key, sizeof(layout_key));
+    }
+    if (st == RG_OK && !z->layout_ok) {
+        st = layout_check(z, key, layout_key);
+    }
     if (st != RG_OK) {
         return st;
     }
     st = rg_etcd_get(z->etcd, key, 0, &v, &len, NULL);
     if (st == RG_ENOENT) {
-        /* First agent of the job: create round 0 if nobody did in between. */
+        /* First agent of the job: create round 0 if nobody did in between, and say which
+         * layout the job's keys follow. */
         rg_etcd_cmp_t c = {.key = key, .target = RG_ETCD_CMP_CREATE, .result = RG_ETCD_EQUAL};
-        rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT, .u.put = {.key = key, .value = "0",
-                                                            .value_len = 1}};
+        rg_etcd_op_t op[2] = {
+            {.type = RG_ETCD_OP_PUT, .u.put = {.key = key, .value = "0", .value_len = 1}},
+            {.type = RG_ETCD_OP_PUT, .u.put = {.key = layout_key, .value = RDZV_LAYOUT,
+                                               .value_len = strlen(RDZV_LAYOUT)}},
+        };
         rg_etcd_txn_t t;
-        st = rg_etcd_txn(z->etcd, &c, 1, &op, 1, NULL, 0, 0, &t);
+        st = rg_etcd_txn(z->etcd, &c, 1, op, 2, NULL, 0, 0, &t);
         if (st != RG_OK) {
             return st;
         }
@@ -468,6 +518,9 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         }
         if (st == RG_EAGAIN) {
             return st;   /* the running round in *out (rg_rdzv_set_join_running) */
+        }
+        if (st == RG_EPROTO && !z->layout_ok) {
+            return st;   /* a job of another layout (layout_check): waiting changes nothing */
         }
         if (st != RG_OK) {
             /* etcd trouble is retried until the join deadline; say it once per failure. */

@@ -118,7 +118,7 @@ bool comm_run(int n, comm_test_fn fn, void *arg, const comm_test_opts_t *opts,
         return false;
     }
     char prefix[128];
-    snprintf(prefix, sizeof(prefix), "/regroup/test-%d-%d/rounds/0/store/comm/", (int)getpid(),
+    snprintf(prefix, sizeof(prefix), "/regroup/test-%d-%d/workers/rounds/0/comm/", (int)getpid(),
              run_counter++);
     fflush(NULL);
     int report[2] = {-1, -1};

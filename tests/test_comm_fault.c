@@ -312,12 +312,12 @@ START_TEST(test_create_bad_params)
 {
     rg_comm_t *comm = NULL;
     rg_comm_params_t p = {.rank = 2, .size = 2, .etcd_endpoints = comm_test_etcd(),
-                          .key_prefix = "/regroup/x/rounds/0/store/comm/"};
+                          .key_prefix = "/regroup/x/workers/rounds/0/comm/"};
     ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
     p.rank = 0;
     p.key_prefix = NULL;
     ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
-    p.key_prefix = "/regroup/x/rounds/0/store/comm/";
+    p.key_prefix = "/regroup/x/workers/rounds/0/comm/";
     p.etcd_endpoints = NULL;
     ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);
     ck_assert_int_eq(rg_comm_create(NULL, &comm), RG_EINVAL);
@@ -341,7 +341,7 @@ START_TEST(test_spare_bad_input)
     ck_assert(rg_comm_spare_wait(spare, rg_deadline_in_ms(0)));   /* made before returning */
     rg_comm_t *comm = NULL;
     rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = NULL,
-                          .key_prefix = "/regroup/x/rounds/0/store/comm/", .spare = spare};
+                          .key_prefix = "/regroup/x/workers/rounds/0/comm/", .spare = spare};
     ck_assert_int_eq(rg_comm_create(&p, &comm), RG_EINVAL);   /* no etcd: the spare goes */
     ck_assert_ptr_null(comm);
     ck_assert_str_eq(rg_last_error(), "rg_comm_create: neither an etcd client nor endpoints");
@@ -379,7 +379,7 @@ START_TEST(test_create_times_out)
     setenv("UCX_NET_DEVICES", "lo", 1);
     rg_comm_t *comm = NULL;
     rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = comm_test_etcd(),
-                          .key_prefix = "/regroup/lonely/rounds/0/store/comm/",
+                          .key_prefix = "/regroup/lonely/workers/rounds/0/comm/",
                           .create_timeout_ms = 300};
     uint64_t t0 = rg_now_ns();
     ck_assert_int_eq(rg_comm_create(&p, &comm), RG_ETIMEDOUT);
@@ -389,7 +389,7 @@ START_TEST(test_create_times_out)
     ck_assert_ptr_null(comm);
     /* The failed attempt withdrew its address: it named a UCX worker that is gone, and a peer
      * at that attempt must give it up rather than connect to it. */
-    assert_no_addresses("/regroup/lonely/rounds/0/store/comm/");
+    assert_no_addresses("/regroup/lonely/workers/rounds/0/comm/");
 }
 END_TEST
 
@@ -411,7 +411,7 @@ START_TEST(test_create_abandoned)
     rg_comm_t *comm = NULL;
     int asked = 0;
     rg_comm_params_t p = {.rank = 0, .size = 2, .etcd_endpoints = comm_test_etcd(),
-                          .key_prefix = "/regroup/abandoned/rounds/0/store/comm/",
+                          .key_prefix = "/regroup/abandoned/workers/rounds/0/comm/",
                           .create_timeout_ms = 30000, .abandon = give_up_soon,
                           .abandon_arg = &asked};
     uint64_t t0 = rg_now_ns();
@@ -421,7 +421,7 @@ START_TEST(test_create_abandoned)
     ck_assert_int_eq(asked, 3);
     ck_assert_msg(strstr(rg_last_error(), "the caller moved on") != NULL, "%s", rg_last_error());
     ck_assert_ptr_null(comm);
-    assert_no_addresses("/regroup/abandoned/rounds/0/store/comm/");
+    assert_no_addresses("/regroup/abandoned/workers/rounds/0/comm/");
 }
 END_TEST
 
@@ -490,7 +490,7 @@ START_TEST(test_create_knobs_differ)
 {
     setenv("UCX_NET_DEVICES", "lo", 1);
     char prefix[96];
-    snprintf(prefix, sizeof(prefix), "/regroup/knobs-%d/rounds/0/store/comm/", (int)getpid());
+    snprintf(prefix, sizeof(prefix), "/regroup/knobs-%d/workers/rounds/0/comm/", (int)getpid());
     fork_pair(knobs_child, prefix, 30);   /* each create has a 20 s deadline */
 }
 END_TEST
@@ -584,7 +584,7 @@ START_TEST(test_create_retry_skips_the_gone_try)
 {
     setenv("UCX_NET_DEVICES", "lo", 1);
     retry_arg_t a;
-    snprintf(a.prefix, sizeof(a.prefix), "/regroup/retry-%d/rounds/3/store/comm/",
+    snprintf(a.prefix, sizeof(a.prefix), "/regroup/retry-%d/workers/rounds/3/comm/",
              (int)getpid());
     ck_assert_int_eq(pipe(a.fds), 0);
     fork_pair(retry_child, &a, 60);
@@ -635,7 +635,7 @@ START_TEST(test_create_gives_up_when_a_peer_went_on)
 {
     setenv("UCX_NET_DEVICES", "lo", 1);
     char prefix[96];
-    snprintf(prefix, sizeof(prefix), "/regroup/went-on-%d/rounds/0/store/comm/", (int)getpid());
+    snprintf(prefix, sizeof(prefix), "/regroup/went-on-%d/workers/rounds/0/comm/", (int)getpid());
     plant_arg_t pa = {.prefix = prefix};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, plant_later_attempt, &pa), 0);
@@ -676,7 +676,7 @@ START_TEST(test_create_knobs_differ_keeps_address)
     setenv("UCX_NET_DEVICES", "lo", 1);
     char prefix[96];
     char key[128];
-    snprintf(prefix, sizeof(prefix), "/regroup/keep-%d/rounds/0/store/comm/", (int)getpid());
+    snprintf(prefix, sizeof(prefix), "/regroup/keep-%d/workers/rounds/0/comm/", (int)getpid());
     struct {
         char     magic[4];
         uint32_t reserved;
@@ -724,7 +724,7 @@ START_TEST(test_env_read)
     ck_assert_int_eq(rg_comm_env_read(&env), RG_OK);
     ck_assert_int_eq(env.params.rank, 3);
     ck_assert_int_eq(env.params.size, 4);
-    ck_assert_str_eq(env.params.key_prefix, "/regroup/job1/rounds/7/store/comm/");
+    ck_assert_str_eq(env.params.key_prefix, "/regroup/job1/workers/rounds/7/comm/");
     ck_assert_str_eq(env.params.etcd_endpoints, "http://127.0.0.1:1");
 }
 END_TEST

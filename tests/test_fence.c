@@ -2,7 +2,7 @@
  * Fencing against a real etcd (rendezvous/rdzv_fence.h): every write made on behalf of the
  * job by a member that is no longer in the job's round (the round moved on, or its agent's
  * lease is gone) is refused with RG_ELEASE and leaves the job's keys as they were: progress,
- * the checkpoint commit (its MANIFEST and ckpt/latest), the rank's report through the worker
+ * the checkpoint commit (its MANIFEST and workers/ckpt/latest), the rank's report through the worker
  * API, an agent's failure marker, its move to the next round and its request to restart
  * the job. And the audit of etcd's
  * history finds a write that was not fenced.
@@ -252,10 +252,10 @@ START_TEST(fenced_report)
     ck_assert(rdzv_keys_ckpt_latest(&keys, latest, sizeof(latest)) == RG_OK);
 
     ck_assert_msg(rg_report(ctx, &rep, &o.state) == RG_OK, "%s", rg_last_error());
-    /* The checkpoint of step 1 lands in the background, then its ckpt/latest record (both
+    /* The checkpoint of step 1 lands in the background, then its workers/ckpt/latest record (both
      * before the job moves on: a record written after round 6 is refused, as it should be). */
     TEST_WAIT_UNTIL(step_listed(root, 1), 10000, "step 1 committed");
-    TEST_WAIT_UNTIL(value_has(latest, "1"), 10000, "ckpt/latest does not record step 1");
+    TEST_WAIT_UNTIL(value_has(latest, "1"), 10000, "workers/ckpt/latest does not record step 1");
     get_value(pkey, got, sizeof(got));
     ck_assert_msg(strstr(got, "\"step\":1") != NULL, "%s", got);
 

@@ -561,6 +561,72 @@ START_TEST(test_many_agents_lose_one_and_regroup)
 }
 END_TEST
 
+/* An agent of this layout refuses a job whose keys follow another: one started by a regroup
+ * from before the `layout` key (its `round` alone), or one that says another layout. A new
+ * job's first agent writes the layout with round 0. */
+static void expect_layout_refused(const char *job, const char *layout, const char *says)
+{
+    rdzv_keys_t keys;
+    char key[RDZV_KEY_MAX];
+    rg_etcd_t *c;
+    rg_etcd_params_t ep = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000};
+    ck_assert_int_eq(rg_etcd_create(&ep, &c), RG_OK);
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    ck_assert_int_eq(rdzv_keys_round(&keys, key, sizeof(key)), RG_OK);
+    ck_assert_int_eq(rg_etcd_put_str(c, key, "3", 0, 0, NULL), RG_OK);
+    if (layout != NULL) {
+        ck_assert_int_eq(rdzv_keys_layout(&keys, key, sizeof(key)), RG_OK);
+        ck_assert_int_eq(rg_etcd_put_str(c, key, layout, 0, 0, NULL), RG_OK);
+    }
+    rg_etcd_destroy(c);
+    rg_rdzv_t *z = handle(job, 1);
+    rg_rdzv_assignment_t *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(rg_rdzv_join(z, -1, a), RG_EPROTO);
+    const char *msg = rg_last_error();
+    ck_assert_msg(strstr(msg, says) != NULL && strstr(msg, job) != NULL &&
+                  strstr(msg, "--rdzv-id") != NULL, "%s", msg);
+    free(a);
+    rg_rdzv_destroy(z);
+}
+
+START_TEST(test_other_layouts_refused)
+{
+    char job[64];
+    snprintf(job, sizeof(job), "old-%d", (int)getpid());
+    expect_layout_refused(job, NULL, "layout 1 (a regroup from before the layout key)");
+    snprintf(job, sizeof(job), "newer-%d", (int)getpid());
+    expect_layout_refused(job, "3", "layout 3, and this regroup reads layout " RDZV_LAYOUT);
+
+    /* A new job: round 0 and the layout, written together. */
+    joiner_t *j = calloc(2, sizeof(*j));
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "new-%d", (int)getpid());
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    join_both(j);
+    rdzv_keys_t keys;
+    char key[RDZV_KEY_MAX];
+    char *v;
+    size_t len;
+    rg_etcd_t *c;
+    rg_etcd_params_t ep = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000};
+    ck_assert_int_eq(rg_etcd_create(&ep, &c), RG_OK);
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    ck_assert_int_eq(rdzv_keys_layout(&keys, key, sizeof(key)), RG_OK);
+    ck_assert_int_eq(rg_etcd_get(c, key, 0, &v, &len, NULL), RG_OK);
+    ck_assert_int_eq((int)len, (int)strlen(RDZV_LAYOUT));
+    ck_assert(memcmp(v, RDZV_LAYOUT, len) == 0);
+    free(v);
+    rg_etcd_destroy(c);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -573,6 +639,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_member_whose_peers_finished_without_it);
     tcase_add_test(tc, test_create_when_no_watch_is_confirmed);
     tcase_add_test(tc, test_many_agents_lose_one_and_regroup);
+    tcase_add_test(tc, test_other_layouts_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -39,7 +39,7 @@ START_TEST(test_keys_layout)
     CK_OK(rdzv_keys_done(&k, 3, "a", b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/rounds/3/done/a");
     CK_OK(rdzv_keys_comm_prefix(&k, 7, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/rounds/7/store/comm/");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/rounds/7/comm/");
     CK_OK(rdzv_keys_waiting_prefix(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/waiting/");
     CK_OK(rdzv_keys_waiting(&k, "a", b, sizeof(b)));
@@ -51,26 +51,65 @@ START_TEST(test_keys_layout)
     CK_OK(rdzv_keys_failure(&k, 2, "a", b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/failures/2/a");
     CK_OK(rdzv_keys_status_prefix(&k, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/status/");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/status/");
     CK_OK(rdzv_keys_progress_prefix(&k, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/status/progress/");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/status/progress/");
     CK_OK(rdzv_keys_progress(&k, 5, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/status/progress/5");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/status/progress/5");
     CK_OK(rdzv_keys_restored(&k, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/status/restored");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/status/restored");
     CK_OK(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
-    ck_assert_str_eq(b, "/regroup/job-1/ckpt/latest");
+    ck_assert_str_eq(b, "/regroup/job-1/workers/ckpt/latest");
     CK_OK(rdzv_keys_leaving_prefix(&k, 6, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/");
     CK_OK(rdzv_keys_leaving(&k, 6, "a", b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/rounds/6/leaving/a");
     CK_OK(rdzv_keys_restart(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/restart");
+    CK_OK(rdzv_keys_layout(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/layout");
+    CK_OK(rdzv_keys_workers_prefix(&k, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/workers/");
+    CK_OK(rdzv_keys_workers_round_prefix(&k, 7, b, sizeof(b)));
+    ck_assert_str_eq(b, "/regroup/job-1/workers/rounds/7/");
 
     ck_assert_str_eq(rdzv_keys_tail("/regroup/job-1/waiting/a-1-00000000",
                                     "/regroup/job-1/waiting/"), "a-1-00000000");
     ck_assert_ptr_null(rdzv_keys_tail("/regroup/job-1/waiting/", "/regroup/job-1/waiting/"));
     ck_assert_ptr_null(rdzv_keys_tail("/regroup/job-12/waiting/a", "/regroup/job-1/"));
+}
+END_TEST
+
+/* The agents watch [prefix, prefix "workers/"): every key they act on sorts before the end
+ * (or an agent would miss it), every key workers write sorts after it (or every agent would
+ * be sent it), with round and agent ids at their largest. */
+START_TEST(test_keys_agents_watch_theirs_only)
+{
+    rdzv_keys_t k = job("job-1");
+    char end[RDZV_KEY_MAX];
+    char b[RDZV_KEY_MAX];
+    const char *big = "zzzz-4294967295-ffffffff";
+    const int64_t r = RDZV_ROUND_MAX;
+    CK_OK(rdzv_keys_workers_prefix(&k, end, sizeof(end)));
+#define AGENTS_SEE(call) do { CK_OK(call); ck_assert_msg(strcmp(b, end) < 0, "%s", b); } while (0)
+#define AGENTS_SKIP(call) do { CK_OK(call); ck_assert_msg(strncmp(b, end, strlen(end)) == 0, \
+                                                         "%s", b); } while (0)
+    AGENTS_SEE(rdzv_keys_round(&k, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_layout(&k, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_restart(&k, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_node(&k, r, big, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_closed(&k, r, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_done(&k, r, big, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_leaving(&k, r, big, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_waiting(&k, big, b, sizeof(b)));
+    AGENTS_SEE(rdzv_keys_failure(&k, r, big, b, sizeof(b)));
+    AGENTS_SKIP(rdzv_keys_progress(&k, 0, b, sizeof(b)));
+    AGENTS_SKIP(rdzv_keys_restored(&k, b, sizeof(b)));
+    AGENTS_SKIP(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
+    AGENTS_SKIP(rdzv_keys_comm_prefix(&k, 0, b, sizeof(b)));
+    AGENTS_SKIP(rdzv_keys_workers_round_prefix(&k, 0, b, sizeof(b)));
+#undef AGENTS_SEE
+#undef AGENTS_SKIP
 }
 END_TEST
 
@@ -637,6 +676,7 @@ static Suite *rdzv_keys_suite(void)
     Suite *s = suite_create("rdzv_keys");
     TCase *tk = tcase_create("keys");
     tcase_add_test(tk, test_keys_layout);
+    tcase_add_test(tk, test_keys_agents_watch_theirs_only);
     tcase_add_test(tk, test_keys_bounded);
     tcase_add_test(tk, test_keys_job_ids);
     tcase_add_test(tk, test_agent_ids);

@@ -1,5 +1,5 @@
 /*
- * A worker's progress records (`status/progress/<rank>`, docs/etcd-keys.md), written by a
+ * A worker's progress records (`workers/status/progress/<rank>`, docs/etcd-keys.md), written by a
  * thread of their own so that rg_report never waits on etcd.
  *
  * rg_report hands over the newest record with the fence of its round; one the thread has

@@ -71,7 +71,7 @@ typedef struct {
     rg_etcd_t  *etcd;          /* optional (NULL = files only): not owned, must outlive */
     const char *job;           /* job id for the etcd key /regroup/<job>/ckpt/latest */
     /* Fencing (with etcd; docs/etcd-keys.md): when fence_agent is set, a commit writes its
-     * MANIFEST and ckpt/latest only while the job's round is still fence_round and the node
+     * MANIFEST and workers/ckpt/latest only while the job's round is still fence_round and the node
      * key of fence_agent in it holds fence_lease; otherwise the commit fails with RG_ELEASE
      * and the step is not committed. NULL: unfenced. The worker API sets these from the
      * environment its agent gives it. */

@@ -95,7 +95,7 @@ typedef struct {
                                     own plain client for these */
     const rg_etcd_params_t *etcd_params; /* when etcd is NULL: the group's own client, with
                                             TLS files and user (rg_comm_env_read sets it) */
-    const char *key_prefix;      /* e.g. "/regroup/<job>/rounds/<r>/store/comm/"; required */
+    const char *key_prefix;      /* e.g. "/regroup/<job>/workers/rounds/<r>/comm/"; required */
     int64_t     timeout_ms;      /* each operation's default timeout; 0 = 30000 */
     int64_t     create_timeout_ms; /* wire-up deadline; 0 = 30000 */
     /* Optional: asked about once a millisecond while a request waits whether the group is
@@ -135,7 +135,7 @@ typedef struct {
  * optional REGROUP_ETCD_CACERT, REGROUP_ETCD_CERT, REGROUP_ETCD_KEY, REGROUP_ETCD_USER and
  * REGROUP_ETCD_PASSWORD (the launcher passes its --rdzv-conf cacert, cert, key, user and
  * password on), into *env; sets env->etcd for an etcd client and env->params for the round's
- * store: "/regroup/<job>/rounds/<round>/store/comm/". Non-blocking. RG_EINVAL naming the
+ * store: "/regroup/<job>/workers/rounds/<round>/comm/". Non-blocking. RG_EINVAL naming the
  * variable when one is missing, malformed or too long.
  */
 rg_status_t rg_comm_env_read(rg_comm_env_t *env) RG_COMM_NODISCARD;

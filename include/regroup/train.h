@@ -121,7 +121,7 @@ typedef struct {
  * it): one etcd put, bounded by the client's default timeout (5 s), at most twice a second
  * without state, at every call with state; a failed put is only logged, except a fenced
  * one: under the launcher every write of a worker (progress, the checkpoint commit and
- * ckpt/latest, the restored record) is conditional in etcd on its agent still being a member
+ * workers/ckpt/latest, the restored record) is conditional in etcd on its agent still being a member
  * of the worker's round, and a refused one returns RG_ELEASE ("fenced: ... round N"); the
  * worker must stop. The caller keeps report and its metrics.
  *
