@@ -627,6 +627,44 @@ START_TEST(test_other_layouts_refused)
 }
 END_TEST
 
+/* What workers write (progress, under workers/) is not sent to the agents' watch; what
+ * agents act on is. Progress records are put first, then another agent moves the round on:
+ * by the time the move reaches the watch, every earlier event would have too. */
+START_TEST(test_agents_are_not_sent_progress)
+{
+    joiner_t *j = calloc(2, sizeof(*j));
+    char job[64];
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "quiet-%d", (int)getpid());
+    j[0].z = handle(job, 1);
+    j[1].z = handle(job, 2);
+    join_both(j);
+    rg_rdzv_change_t c;
+    ck_assert_int_eq(rg_rdzv_check(j[0].z, &c), RG_OK);   /* drains what the join left */
+    rg_etcd_stats_t s0;
+    rg_rdzv_stats(j[0].z, &s0);
+    rdzv_keys_t keys;
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    rg_etcd_t *cli = rg_rdzv_client(j[1].z);
+    for (int rank = 0; rank < 20; rank++) {
+        char key[RDZV_KEY_MAX];
+        ck_assert_int_eq(rdzv_keys_progress(&keys, rank, key, sizeof(key)), RG_OK);
+        ck_assert_int_eq(rg_etcd_put_str(cli, key, "{}", 0, 0, NULL), RG_OK);
+    }
+    ck_assert_int_eq(rg_rdzv_next_round(j[1].z), RG_OK);
+    ck_assert_int_eq(wait_change(j[0].z), RG_RDZV_NEW_ROUND);
+    rg_etcd_stats_t s1;
+    rg_rdzv_stats(j[0].z, &s1);
+    ck_assert_uint_eq(s1.events - s0.events, 1);   /* `round`, and no progress record */
+    ck_assert_uint_gt(s1.requests, s0.requests);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -640,6 +678,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_create_when_no_watch_is_confirmed);
     tcase_add_test(tc, test_many_agents_lose_one_and_regroup);
     tcase_add_test(tc, test_other_layouts_refused);
+    tcase_add_test(tc, test_agents_are_not_sent_progress);
     suite_add_tcase(s, tc);
     return s;
 }
