@@ -28,7 +28,7 @@ clang "${flags[@]}" -DRG_TEST_DATA_DIR="\"$PWD/tests/data\"" tests/fuzz/fuzz_dat
 clang "${flags[@]}" -Irendezvous tests/fuzz/fuzz_rdzv_records.c rendezvous/rdzv_records.c \
     rendezvous/rdzv_keys.c "${common[@]}" $(pkg-config --cflags --libs jansson) -lm -lpthread \
     -o "$out/fuzz_rdzv_records"
-clang "${flags[@]}" -Irendezvous tests/fuzz/fuzz_cloud_meta.c rendezvous/cloud_meta.c \
+clang "${flags[@]}" -Ilauncher tests/fuzz/fuzz_cloud_meta.c launcher/cloud_meta.c \
     "${common[@]}" $(pkg-config --cflags --libs jansson libcurl) -lm -lpthread \
     -o "$out/fuzz_cloud_meta"
 cd "$out"

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the decoders of the clouds' metadata answers (rendezvous/cloud_meta.h):
+ * libFuzzer target for the decoders of the clouds' metadata answers (launcher/cloud_meta.h):
  * each input goes through every decoder, as an answer of a metadata service would.
  * scripts/fuzz.sh builds and runs it from the answers in tests/data/meta/.
  * A decoder must return RG_OK or RG_EPROTO, never crash, leak or read past the input.

@@ -1,8 +1,7 @@
 /*
  * The clouds' instance metadata services, as far as preemption notices go: one bounded HTTP
- * request (libcurl), and the decoders of the answers (jansson). They live in rendezvous/
- * because that is the one folder that includes curl and the JSON library; the watcher that
- * polls them is the launcher's (launcher/launcher_notice.c).
+ * request (libcurl), and the decoders of the answers (jansson), for the launcher's watcher
+ * that polls them (launcher_notice.c).
  *
  * Formats, as the providers document them:
  *   AWS   IMDSv2: PUT /latest/api/token with X-aws-ec2-metadata-token-ttl-seconds gives a
