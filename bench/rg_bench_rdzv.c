@@ -424,9 +424,9 @@ static int run_job(const rg_etcd_server_t *srv, int n, int nproc, int rep, doubl
     pthread_barrier_wait(&j.bar);   /* 1 */
     j.t_form_ns = rg_now_ns();
     res->create_s = (double)(j.t_form_ns - t_create) / 1e9;
+    atomic_store(&j.phase, PH_STEADY);   /* before the barrier: the agents look from it on */
     pthread_barrier_wait(&j.bar);   /* 2 */
     mok = mok && metrics_read(srv->metrics_port[0], &m[PH_STEADY]) == 0;
-    atomic_store(&j.phase, PH_STEADY);
     writer_t w[WRITERS] = {0};
     pthread_t wt[WRITERS];
     atomic_int stop = 0;
