@@ -37,14 +37,69 @@ static rg_status_t agent_fence(const rg_rdzv_t *z, rdzv_fence_t *f)
     return rdzv_fence_init(f, &z->keys, z->cur.round, z->agent, z->lease);
 }
 
+/* The keys one look at round r reads (rg_rdzv_check). */
+typedef struct {
+    char round[RDZV_KEY_MAX];
+    char fail[RDZV_KEY_MAX];
+    char nodes[RDZV_KEY_MAX];
+    char done[RDZV_KEY_MAX];
+    char wait[RDZV_KEY_MAX];
+    char leave[RDZV_KEY_MAX];
+} check_keys_t;
+
+enum { CK_ROUND, CK_FAIL, CK_NODES, CK_DONE_OR_NEW, CK_WAIT, CK_LEAVE, CK_N };
+
+/*
+ * One read of everything that can end round r. A full look reads the round's node and done
+ * keys, to find which member is gone. A quick look, the once-a-second one when no event came,
+ * reads instead how many node keys there are and whether any was written since the last full
+ * look (at most one key back): the same count and none written means none was deleted
+ * either, so no member can be gone. That keeps the look's answer O(1) in the job's size;
+ * with the node keys in every agent's look each second, etcd sent N² keys a second (7.5 MB a
+ * second at 256 nodes, docs/benchmarks.md).
+ */
+static rg_status_t check_read(rg_rdzv_t *z, const check_keys_t *k, bool full,
+                              rg_etcd_txn_t *t)
+{
+    rg_etcd_op_t ops[CK_N] = {
+        [CK_ROUND] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->round}},
+        [CK_FAIL] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->fail,
+                                                           .prefix = !z->p.in_place,
+                                                           .count_only = !z->p.in_place}},
+        [CK_NODES] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->nodes, .prefix = true,
+                                                            .keys_only = full,
+                                                            .count_only = !full}},
+        [CK_DONE_OR_NEW] = full ? (rg_etcd_op_t){.type = RG_ETCD_OP_RANGE,
+                                                 .u.range = {.key = k->done, .prefix = true,
+                                                             .keys_only = true}}
+                                : (rg_etcd_op_t){.type = RG_ETCD_OP_RANGE,
+                                                 .u.range = {.key = k->nodes, .prefix = true,
+                                                             .keys_only = true, .limit = 1,
+                                                             .min_mod_revision =
+                                                                 z->nodes_seen_rev + 1}},
+        [CK_WAIT] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->wait, .prefix = true,
+                                                           .count_only = true}},
+        /* not a change by itself: the launcher reads it through rdzv_leaving_seen */
+        [CK_LEAVE] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->leave, .prefix = true}},
+    };
+    rg_status_t st = rg_etcd_txn(z->etcd, NULL, 0, ops, CK_N, NULL, 0, 0, t);
+    if (st == RG_OK && full) {
+        z->nodes_seen = t->results[CK_NODES].u.range.count;
+        z->nodes_seen_rev = t->revision;
+    }
+    return st;
+}
+
+/* Whether a quick look says the round's node keys are as the last full look saw them. */
+static bool nodes_unchanged(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
+{
+    return t->results[CK_NODES].u.range.count == z->nodes_seen &&
+           t->results[CK_DONE_OR_NEW].u.range.n_kvs == 0;
+}
+
 rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
 {
-    char k_round[RDZV_KEY_MAX];
-    char k_fail[RDZV_KEY_MAX];
-    char k_nodes[RDZV_KEY_MAX];
-    char k_done[RDZV_KEY_MAX];
-    char k_wait[RDZV_KEY_MAX];
-    char k_leave[RDZV_KEY_MAX];
+    check_keys_t k;
     rg_etcd_txn_t t;
     rg_status_t st;
 
@@ -55,8 +110,8 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     }
     /* Events say when to look; a look at least every RDZV_VERIFY_MS bounds the damage of an
      * event that never arrives (one small read per second). */
-    if (!rdzv_watch_drain(z) && !z->verify &&
-        rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
+    bool full = rdzv_watch_drain(z) || z->verify;
+    if (!full && rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
         return RG_OK;
     }
     z->verify = false;
@@ -65,51 +120,45 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
         return RG_OK;
     }
     int r = z->cur.round;
-    st = rdzv_keys_round(&z->keys, k_round, sizeof(k_round));
+    st = rdzv_keys_round(&z->keys, k.round, sizeof(k.round));
     if (st == RG_OK) {
         /* In place, a failure marker only counts the restart (the agent that replaced its
          * worker opens the next round); a restart request ends the round for everyone. */
-        st = z->p.in_place ? rdzv_keys_restart(&z->keys, k_fail, sizeof(k_fail))
-                           : rdzv_keys_failures_round_prefix(&z->keys, r, k_fail,
-                                                             sizeof(k_fail));
+        st = z->p.in_place ? rdzv_keys_restart(&z->keys, k.fail, sizeof(k.fail))
+                           : rdzv_keys_failures_round_prefix(&z->keys, r, k.fail,
+                                                             sizeof(k.fail));
     }
     if (st == RG_OK) {
-        st = rdzv_keys_nodes_prefix(&z->keys, r, k_nodes, sizeof(k_nodes));
+        st = rdzv_keys_nodes_prefix(&z->keys, r, k.nodes, sizeof(k.nodes));
     }
     if (st == RG_OK) {
-        st = rdzv_keys_done_prefix(&z->keys, r, k_done, sizeof(k_done));
+        st = rdzv_keys_done_prefix(&z->keys, r, k.done, sizeof(k.done));
     }
     if (st == RG_OK) {
-        st = rdzv_keys_waiting_prefix(&z->keys, k_wait, sizeof(k_wait));
+        st = rdzv_keys_waiting_prefix(&z->keys, k.wait, sizeof(k.wait));
     }
     if (st == RG_OK) {
-        st = rdzv_keys_leaving_prefix(&z->keys, r, k_leave, sizeof(k_leave));
+        st = rdzv_keys_leaving_prefix(&z->keys, r, k.leave, sizeof(k.leave));
     }
     if (st != RG_OK) {
         return st;
     }
-    /* One read of everything that can end the round. */
-    rg_etcd_op_t ops[6] = {
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_round}},
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_fail, .prefix = !z->p.in_place,
-                                               .count_only = !z->p.in_place}},
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_nodes, .prefix = true,
-                                               .keys_only = true}},
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_done, .prefix = true,
-                                               .keys_only = true}},
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_wait, .prefix = true,
-                                               .count_only = true}},
-        /* not a change by itself: the launcher reads it through rdzv_leaving_seen */
-        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k_leave, .prefix = true}},
-    };
-    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 6, NULL, 0, 0, &t);
+    full = full || z->nodes_seen_rev == 0;   /* no full look at this round yet */
+    z->n_quick_looks += !full;
+    st = check_read(z, &k, full, &t);
+    if (st == RG_OK && !full && !nodes_unchanged(z, &t)) {
+        /* A node key went or came: look at which. */
+        rg_etcd_txn_cleanup(&t);
+        full = true;
+        st = check_read(z, &k, true, &t);
+    }
     if (st != RG_OK) {
         return st;
     }
-    rdzv_leaving_note(z, &t.results[5].u.range);
-    const rg_etcd_range_t *round = &t.results[0].u.range;
+    rdzv_leaving_note(z, &t.results[CK_LEAVE].u.range);
+    const rg_etcd_range_t *round = &t.results[CK_ROUND].u.range;
     int64_t now_round = 0;
-    const rg_etcd_range_t *rq = &t.results[1].u.range;
+    const rg_etcd_range_t *rq = &t.results[CK_FAIL].u.range;
     int64_t restart_round = -1;
     if (z->p.in_place && rq->n_kvs == 1 &&
         rdzv_rec_round_decode(rq->kvs[0].value, rq->kvs[0].value_len, &restart_round) !=
@@ -123,17 +172,18 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
             RG_OK &&
         now_round > r) {
         *change = RG_RDZV_NEW_ROUND;
-    } else if (!z->p.in_place && t.results[1].u.range.count > 0) {
+    } else if (!z->p.in_place && rq->count > 0) {
         *change = RG_RDZV_FAILURE;
     } else {
-        for (int i = 0; i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
+        for (int i = 0; full && i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
             const char *agent = z->cur.members[i].agent;
-            if (member_lost(z, r, agent, &t.results[2].u.range, &t.results[3].u.range)) {
+            if (member_lost(z, r, agent, &t.results[CK_NODES].u.range,
+                            &t.results[CK_DONE_OR_NEW].u.range)) {
                 rg_info("rendezvous: member %s of round %d is gone", agent, r);
                 *change = RG_RDZV_MEMBER_LOST;
             }
         }
-        if (*change == RG_RDZV_NONE && t.results[4].u.range.count > 0 &&
+        if (*change == RG_RDZV_NONE && t.results[CK_WAIT].u.range.count > 0 &&
             z->cur.n_members < z->p.max_nodes) {
             *change = RG_RDZV_JOIN_PENDING;
         }

@@ -122,6 +122,9 @@ struct rg_rdzv {
     bool             hold_running;    /* rg_rdzv_set_join_running: RG_EAGAIN before waiting */
     bool             verify;                /* read the state at the next check */
     uint64_t         verified_ns;           /* when check last read the state */
+    int64_t          nodes_seen;            /* node keys of the round at check's last full */
+    int64_t          nodes_seen_rev;        /* look, and its revision (0: none yet) */
+    uint64_t         n_quick_looks;         /* check's looks that began without listing them */
     /* scratch of one look at a round: too large for a stack, and the handle's own */
     rdzv_node_rec_t  nodes[RDZV_LIST_MAX];
     const char      *expected[RDZV_EXPECT_MAX];

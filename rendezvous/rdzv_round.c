@@ -554,6 +554,7 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         z->last_round = out->round;
         z->last_rank = out->group_rank;
         z->verify = true;   /* events drained while joining may concern this round */
+        z->nodes_seen_rev = 0;   /* and its first look lists its nodes */
         z->n_leaving = 0;   /* the last round's leaving members are not this one's */
     }
     return RG_OK;

@@ -4,6 +4,7 @@
  */
 #include "rg_common.h"
 #include "test_util.h"
+#include "rdzv_internal.h"   /* the handle's count of quick looks */
 #include "rdzv_keys.h"
 
 #include <regroup/rdzv.h>
@@ -312,6 +313,7 @@ typedef struct {
     int           target;          /* etcd's client port */
     _Atomic bool  stop;
     _Atomic int   held;            /* watch requests held */
+    bool          blind;           /* instead: a watch is confirmed, and then told nothing */
     pthread_t     thread;
 } proxy_t;
 
@@ -331,7 +333,28 @@ static void *proxy_conn(void *arg)
     uint64_t until = rg_now_ns() + 120000000000ull;
     struct pollfd pf = {.fd = c->fd, .events = POLLIN};
     ssize_t n = poll(&pf, 1, 5000) > 0 ? read(c->fd, buf, sizeof(buf)) : -1;
-    if (n > 0 && n >= 15 && memcmp(buf, "POST /v3/watch ", 15) == 0) {
+    bool watch = n >= 15 && memcmp(buf, "POST /v3/watch ", 15) == 0;
+    if (watch && px->blind) {
+        /* Pass the request and etcd's first answer (the watch's "created"), then drop what
+         * etcd sends: a stream that lives and says nothing, as one whose events were lost. */
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)px->target),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        up = socket(AF_INET, SOCK_STREAM, 0);
+        bool ok = up >= 0 && connect(up, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+                  write(up, buf, (size_t)n) == n;
+        bool passed = false;
+        struct pollfd two[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+        while (ok && !px->stop && rg_now_ns() < until && poll(two, 2, 100) >= 0) {
+            if (two[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+                ok = read(c->fd, buf, sizeof(buf)) > 0;
+            }
+            if (ok && (two[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+                ssize_t m = read(up, buf, sizeof(buf));
+                ok = m > 0 && (passed || write(c->fd, buf, (size_t)m) == m);
+                passed = true;
+            }
+        }
+    } else if (watch) {
         px->held++;
         while (!px->stop && rg_now_ns() < until && poll(&pf, 1, 100) >= 0) {
             if ((pf.revents & POLLIN) && read(c->fd, buf, sizeof(buf)) <= 0) {
@@ -443,6 +466,83 @@ START_TEST(test_create_when_no_watch_is_confirmed)
     ck_assert_int_eq(rg_rdzv_leave(z), RG_OK);
     rg_rdzv_destroy(z);
     free(a);
+    proxy_stop(&px);
+}
+END_TEST
+
+/* The look once a second when no event came reads the round's node keys' count, and whether
+ * any was written since its last full look, not the keys: it must still find a member gone
+ * when its deletion never reached the watch. Agent A watches through a proxy that confirms
+ * its watch and then drops every event; B's node key goes: B leaves (its lease revoked), or
+ * (swap) one txn deletes B's key and writes another node's, so that the count stays. A finds
+ * B lost all the same, within a few quick looks, and was told nothing. */
+static void lost_without_events(const proxy_t *px, bool swap)
+{
+    char ep[64];
+    char job[64];
+    snprintf(ep, sizeof(ep), "http://127.0.0.1:%d", px->port);
+    snprintf(job, sizeof(job), "blind-%d-%d", (int)getpid(), (int)swap);
+    joiner_t *j = calloc(2, sizeof(*j));
+    ck_assert_ptr_nonnull(j);
+    rg_rdzv_params_t p = {.etcd = {.endpoints = ep, .timeout_ms = 3000}, .job = job,
+                          .addr = "127.0.0.1", .nproc = 1, .min_nodes = 1, .max_nodes = 2,
+                          .lease_ttl_s = 5, .last_call_ms = 30000, .join_timeout_ms = 30000,
+                          .max_restarts = 3};
+    ck_assert_msg(rg_rdzv_create(&p, &j[0].z) == RG_OK, "%s", rg_last_error());
+    j[1].z = handle(job, 2);
+    join_both(j);
+    /* A's looks at the running round are quick ones now (nothing changes, nothing is told) */
+    rg_deadline_t d = rg_deadline_in_ms(10000);
+    while (j[0].z->n_quick_looks == 0 && !rg_deadline_passed(d)) {
+        rg_rdzv_change_t c;
+        struct pollfd pfd = {.fd = rg_rdzv_fd(j[0].z), .events = POLLIN};
+        (void)poll(&pfd, 1, 100);
+        ck_assert_int_eq(rg_rdzv_check(j[0].z, &c), RG_OK);
+        ck_assert_int_eq(c, RG_RDZV_NONE);
+    }
+    ck_assert_uint_ge(j[0].z->n_quick_looks, 1);
+    rg_etcd_stats_t s0;
+    rg_rdzv_stats(j[0].z, &s0);
+    if (swap) {
+        rdzv_keys_t keys;
+        char gone[RDZV_KEY_MAX];
+        char other[RDZV_KEY_MAX];
+        ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+        ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[1].z), gone, sizeof(gone)),
+                         RG_OK);
+        ck_assert_int_eq(rdzv_keys_node(&keys, 0, "late-1-00000000", other, sizeof(other)),
+                         RG_OK);
+        rg_etcd_op_t ops[2] = {
+            {.type = RG_ETCD_OP_DELETE, .u.del = {.key = gone}},
+            {.type = RG_ETCD_OP_PUT, .u.put = {.key = other, .value = "{}", .value_len = 2}},
+        };
+        rg_etcd_txn_t t;
+        ck_assert_int_eq(rg_etcd_txn(rg_rdzv_client(j[1].z), NULL, 0, ops, 2, NULL, 0, 0, &t),
+                         RG_OK);
+        rg_etcd_txn_cleanup(&t);
+    } else {
+        ck_assert_int_eq(rg_rdzv_leave(j[1].z), RG_OK);
+    }
+    ck_assert_int_eq(wait_change(j[0].z), RG_RDZV_MEMBER_LOST);
+    rg_etcd_stats_t s1;
+    rg_rdzv_stats(j[0].z, &s1);
+    ck_assert_uint_eq(s1.events, s0.events);   /* it was not told: a quick look found it */
+    for (int i = 0; i < 2; i++) {
+        rg_rdzv_destroy(j[i].z);
+    }
+    free(j);
+}
+
+START_TEST(test_lost_member_seen_without_events)
+{
+    proxy_t px;
+    const char *first = etcd.srv.endpoints;
+    char target[128];
+    snprintf(target, sizeof(target), "%.*s", (int)strcspn(first, ","), first);
+    proxy_start(&px, target);
+    px.blind = true;
+    lost_without_events(&px, false);
+    lost_without_events(&px, true);
     proxy_stop(&px);
 }
 END_TEST
@@ -679,6 +779,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_many_agents_lose_one_and_regroup);
     tcase_add_test(tc, test_other_layouts_refused);
     tcase_add_test(tc, test_agents_are_not_sent_progress);
+    tcase_add_test(tc, test_lost_member_seen_without_events);
     suite_add_tcase(s, tc);
     return s;
 }
