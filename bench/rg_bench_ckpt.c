@@ -33,6 +33,7 @@
  */
 #include "ckpt_measure.h"
 #include "rg_bench_meta.h"
+#include "rg_bench_stats.h"
 #include "rg_common.h"
 
 #include <regroup/ckpt.h>
@@ -99,19 +100,6 @@ static void fill_state(void *buf, size_t n, int tensor, rg_dtype_t dtype)
 static double ms_since(uint64_t t0)
 {
     return (double)(rg_now_ns() - t0) * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Writes n buffers of len bytes to a new file and fsyncs it: the synchronous baseline. */
@@ -360,15 +348,16 @@ static int run(const char *root, bench_state_t *b, int iters, int threads, int r
             double lim = RG_MIN(zstd_gbps[i], disk_gbps * ratio);
             vs_limit[i] = (double)total / save_s[i] * 1e-9 / lim;
         }
-        /* median() sorts its argument: every per-save series is paired before this point */
-        double st_ms = median(stall, iters);
-        double memcpy_ms = median(copy_ms, iters);
-        double st_vs = median(stall_vs, iters);
-        double save_gbps = (double)total / median(save_s, iters) * 1e-9;
-        double total_ms = median(total_s, iters) * 1e3;
-        double zstd = median(zstd_gbps, iters);
+        /* rg_bench_median() sorts its argument: every per-save series is paired before this
+         * point */
+        double st_ms = rg_bench_median(stall, iters);
+        double memcpy_ms = rg_bench_median(copy_ms, iters);
+        double st_vs = rg_bench_median(stall_vs, iters);
+        double save_gbps = (double)total / rg_bench_median(save_s, iters) * 1e-9;
+        double total_ms = rg_bench_median(total_s, iters) * 1e3;
+        double zstd = rg_bench_median(zstd_gbps, iters);
         double limit = RG_MIN(zstd, disk_gbps * ratio);
-        double vs = median(vs_limit, iters);
+        double vs = rg_bench_median(vs_limit, iters);
         *res = (run_result_t){.stall_vs_memcpy = st_vs, .save_vs_limit = vs,
                               .save_vs_limit_medians = save_gbps / limit,
                               .save_gbps = save_gbps, .limit_gbps = limit};
@@ -445,9 +434,9 @@ static void summary_field(const char *name, double *v, int n, const char *sep)
 {
     double s[64];
     memcpy(s, v, (size_t)n * sizeof(*v));
-    qsort(s, (size_t)n, sizeof(*s), cmp_double);
-    printf("\"%s_median\":%.2f,\"%s_min\":%.2f,\"%s_max\":%.2f%s", name, median(s, n), name, s[0],
-           name, s[n - 1], sep);
+    qsort(s, (size_t)n, sizeof(*s), rg_bench_cmp_double);
+    printf("\"%s_median\":%.2f,\"%s_min\":%.2f,\"%s_max\":%.2f%s", name,
+           rg_bench_median(s, n), name, s[0], name, s[n - 1], sep);
 }
 
 static int run_dtype(const char *root, size_t bytes, rg_dtype_t dtype, int iters, int threads,

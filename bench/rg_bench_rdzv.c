@@ -33,6 +33,7 @@
 #include "etcd_server.h"
 #include "rdzv_keys.h"
 #include "rg_bench_meta.h"
+#include "rg_bench_stats.h"
 
 #include <regroup/rdzv.h>
 
@@ -359,19 +360,6 @@ typedef struct {
     etcd_metrics_t etcd[PH_N];
 } job_result_t;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a;
-    double y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n == 0 ? NAN : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static double vmax(const double *v, int n)
 {
     double m = n ? v[0] : NAN;
@@ -498,10 +486,10 @@ static int run_job(const rg_etcd_server_t *srv, int n, int nproc, int rep, doubl
                 k++;
             }
             res->req_max[ph] = vmax(v, k);
-            res->req_med[ph] = median(v, k);
+            res->req_med[ph] = rg_bench_median(v, k);
             res->ev_max[ph] = vmax(v + n, k);
-            res->ev_med[ph] = median(v + n, k);
-            res->rx_med[ph] = median(v + 2 * n, k);
+            res->ev_med[ph] = rg_bench_median(v + n, k);
+            res->rx_med[ph] = rg_bench_median(v + 2 * n, k);
             metrics_sub(&m[ph + 1], &m[ph], &res->etcd[ph]);
         }
         free(v);
@@ -582,7 +570,7 @@ static void summarise(const job_result_t *res, int n_res, const int *sizes, int 
                     v[k++] = get(&res[i], &fields[f]);
                 }
             }
-            med[s][f] = median(v, k);
+            med[s][f] = rg_bench_median(v, k);
             printf(",\"%s\":{\"median\":%.4g,\"min\":%.4g,\"max\":%.4g,\"n\":%d}",
                    fields[f].name, med[s][f], k ? v[0] : NAN, k ? v[k - 1] : NAN, k);
         }
