@@ -302,6 +302,48 @@ static rg_rdzv_assignment_t *three_members(void)
     return a;
 }
 
+/* etcd refuses a request over its --max-request-bytes, 1.5 MiB by default. */
+#define ETCD_DEFAULT_REQUEST_MAX (1536 * 1024)
+
+/* The closed record at the most the rendezvous takes: RG_RDZV_MAX_NODES members, each with
+ * the longest agent id and address (quotes, which JSON doubles) and 4096 workers, fits one
+ * etcd request with room for the txn around it, and reads back as it was written. */
+START_TEST(test_closed_record_at_the_maximum)
+{
+    rg_rdzv_assignment_t *a = calloc(1, sizeof(*a));
+    rg_rdzv_assignment_t *d = calloc(1, sizeof(*d));
+    char *text;
+    ck_assert(a != NULL && d != NULL);
+    a->n_members = RG_RDZV_MAX_NODES;
+    for (int i = 0; i < RG_RDZV_MAX_NODES; i++) {
+        rg_rdzv_member_t *m = &a->members[i];
+        char tail[32];
+        int tl = snprintf(tail, sizeof(tail), "-%u-%08x", 4000000000u + (unsigned)i, (unsigned)i);
+        memset(m->agent, 'h', RG_RDZV_ID_MAX - 1 - (size_t)tl);
+        memcpy(m->agent + RG_RDZV_ID_MAX - 1 - tl, tail, (size_t)tl + 1);
+        memset(m->addr, '"', RG_RDZV_ADDR_MAX - 1);
+        m->addr[RG_RDZV_ADDR_MAX - 1] = '\0';
+        m->nproc = 4096;
+    }
+    memset(a->master_addr, '"', RG_RDZV_ADDR_MAX - 1);
+    a->master_port = 65535;
+    a->restart_count = 1000000;
+    CK_OK(rdzv_rec_closed_encode(a, 1764580000.5, &text));
+    size_t len = strlen(text);
+    ck_assert_msg(len < ETCD_DEFAULT_REQUEST_MAX - 64 * 1024, "%zu bytes", len);
+    CK_OK(rdzv_rec_closed_decode(text, len, 3, d));
+    ck_assert_int_eq(d->n_members, RG_RDZV_MAX_NODES);
+    ck_assert_int_eq(d->world_size, RG_RDZV_MAX_NODES * 4096);
+    for (int i = 0; i < RG_RDZV_MAX_NODES; i++) {
+        ck_assert_str_eq(d->members[i].agent, a->members[i].agent);
+        ck_assert_str_eq(d->members[i].addr, a->members[i].addr);
+    }
+    free(text);
+    free(d);
+    free(a);
+}
+END_TEST
+
 /* done/ records carry the time the node finished; the older "1" still decodes. */
 START_TEST(test_done_record)
 {
@@ -686,6 +728,7 @@ static Suite *rdzv_keys_suite(void)
     tcase_add_test(tr, test_node_record);
     tcase_add_test(tr, test_waiting_record);
     tcase_add_test(tr, test_closed_record);
+    tcase_add_test(tr, test_closed_record_at_the_maximum);
     tcase_add_test(tr, test_done_record);
     tcase_add_test(tr, test_failure_record);
     tcase_add_test(tr, test_progress_record);
