@@ -255,6 +255,19 @@ rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job
         return rg_error_wrap(st, "status");
     }
     fprintf(out, "job:     %s\nround:   %lld\n", job, (long long)round);
+    /* A job of another layout (docs/etcd-keys.md): its rounds read the same, but what its
+     * workers wrote is elsewhere, and agents of this regroup refuse to join it. */
+    char layout[16] = "1";
+    if (rdzv_keys_layout(&keys, key, sizeof(key)) == RG_OK &&
+        rg_etcd_get(c, key, 0, &v, &len, NULL) == RG_OK) {
+        snprintf(layout, sizeof(layout), "%.*s", (int)RG_MIN(len, sizeof(layout) - 1), v);
+        free(v);
+    }
+    if (strcmp(layout, RDZV_LAYOUT) != 0) {
+        fprintf(out, "layout:  %s, not this regroup's %s: its workers' progress and checkpoints "
+                "are not shown, and its agents must be of the regroup that started it\n",
+                layout, RDZV_LAYOUT);
+    }
     print_members(c, &keys, round, out);
 
     if (rdzv_keys_waiting_prefix(&keys, key, sizeof(key)) == RG_OK) {

@@ -3,6 +3,7 @@
  * loopback against a real etcd, workers that record their starts in an events file.
  */
 #include "launcher.h"
+#include "rdzv_keys.h"
 #include "test_util.h"
 
 #include <check.h>
@@ -327,6 +328,40 @@ START_TEST(test_status_of_a_finished_job)
     ck_assert_msg(strstr(out, "state:   done at 20") != NULL &&
                   strstr(out, " UTC (every node's workers exited 0)") != NULL &&
                   strstr(out, "last round 0: 1 nodes, world size 2") != NULL,
+                  "status says: %s", out);
+}
+END_TEST
+
+/* A job started by a regroup from before etcd layout 2 (its `round`, no `layout`): an agent
+ * of this one refuses to join it at once, naming the job and what to do; `regroup status`
+ * says which layout the job has. */
+START_TEST(test_job_of_an_older_layout)
+{
+    char ep[600];
+    char out[4096];
+    rg_etcd_t *c;
+    rg_etcd_params_t p = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000};
+    rdzv_keys_t keys;
+    char key[RDZV_KEY_MAX];
+    ck_assert_int_eq(rdzv_keys_init(&keys, "old1"), RG_OK);
+    ck_assert_int_eq(rdzv_keys_round(&keys, key, sizeof(key)), RG_OK);
+    ck_assert_int_eq(rg_etcd_create(&p, &c), RG_OK);
+    ck_assert_int_eq(rg_etcd_put_str(c, key, "4", 0, 0, NULL), RG_OK);
+    rg_etcd_destroy(c);
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    int64_t t0 = rg_now_ns();
+    int rc = run_regroup((char *[]){"--nnodes=1", "--nproc-per-node=1", ep, "--rdzv-id=old1",
+                                    "--rdzv-conf=join_timeout=60", WORKER, NULL},
+                         out, sizeof(out));
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(out, "job old1") != NULL && strstr(out, "layout 1") != NULL &&
+                  strstr(out, "--rdzv-id") != NULL, "regroup says: %s", out);
+    ck_assert_msg(rg_now_ns() - t0 < 20000000000ll, "refused only after %.1f s",
+                  (double)(rg_now_ns() - t0) / 1e9);   /* not at its 60 s join timeout */
+    ck_assert_int_eq(run_regroup((char *[]){"status", ep, "--rdzv-id=old1", NULL}, out,
+                                 sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "round:   4\n") != NULL &&
+                  strstr(out, "layout:  1, not this regroup's 2") != NULL,
                   "status says: %s", out);
 }
 END_TEST
@@ -1564,6 +1599,7 @@ int main(void)
     tcase_add_test(tc, test_resize_on_node_loss_and_return);
     tcase_add_test(tc, test_worker_kill_restarts_then_fails);
     tcase_add_test(tc, test_status_of_a_finished_job);
+    tcase_add_test(tc, test_job_of_an_older_layout);
     tcase_add_test(tc, test_waiting_node_ends_with_the_job);
     tcase_add_test(tc, test_failure_report_has_error_file_and_stderr);
     tcase_add_test(tc, test_sigterm_regroups_before_ttl);
