@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -604,6 +605,14 @@ START_TEST(test_many_agents_lose_one_and_regroup)
     char job[64];
 
     ck_assert(j != NULL && v != NULL && t != NULL);
+    /* Each handle holds about six descriptors (three connections, its epoll set, two event
+     * fds): more than a soft limit of 1024 allows at 256. */
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = rl.rlim_max;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    ck_assert_msg(rl.rlim_cur >= 8 * MANY, "RLIMIT_NOFILE is %llu, %d handles need %d",
+                  (unsigned long long)rl.rlim_cur, MANY, 8 * MANY);
     snprintf(job, sizeof(job), "many-%d", (int)getpid());
     rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 5000},
                           .job = job, .addr = "127.0.0.1", .nproc = 8, .min_nodes = MANY - 1,
