@@ -167,6 +167,19 @@ static bool agent_check(agent_t *a, const rg_rdzv_assignment_t *as, int round, i
     return true;
 }
 
+/* One look after the round, as an agent's loop does: wait up to 50 ms for its fd, check. */
+static bool agent_look(agent_t *a, rg_rdzv_change_t *c)
+{
+    struct pollfd pfd = {.fd = rg_rdzv_fd(a->z), .events = POLLIN};
+    (void)poll(&pfd, 1, 50);
+    *c = RG_RDZV_NONE;
+    if (rg_rdzv_check(a->z, c) != RG_OK) {
+        agent_fail(a, "rg_rdzv_check");
+        return false;
+    }
+    return true;
+}
+
 /* Looks after the round until the phase moves on; a change is an error. */
 static bool agent_watch_round(agent_t *a, int phase)
 {
@@ -177,11 +190,8 @@ static bool agent_watch_round(agent_t *a, int phase)
             agent_fail(a, "waiting");
             return false;
         }
-        struct pollfd pfd = {.fd = rg_rdzv_fd(a->z), .events = POLLIN};
-        (void)poll(&pfd, 1, 50);
-        rg_rdzv_change_t c = RG_RDZV_NONE;
-        if (rg_rdzv_check(a->z, &c) != RG_OK) {
-            agent_fail(a, "rg_rdzv_check");
+        rg_rdzv_change_t c;
+        if (!agent_look(a, &c)) {
             return false;
         }
         if (c != RG_RDZV_NONE) {
@@ -205,10 +215,7 @@ static bool agent_regroup(agent_t *a)
             agent_fail(a, "loss");
             return false;
         }
-        struct pollfd pfd = {.fd = rg_rdzv_fd(a->z), .events = POLLIN};
-        (void)poll(&pfd, 1, 50);
-        if (rg_rdzv_check(a->z, &c) != RG_OK) {
-            agent_fail(a, "rg_rdzv_check");
+        if (!agent_look(a, &c)) {
             return false;
         }
     }
@@ -218,7 +225,7 @@ static bool agent_regroup(agent_t *a)
         agent_fail(a, "loss");
         return false;
     }
-    if (c == RG_RDZV_MEMBER_LOST && rg_rdzv_next_round(a->z) != RG_OK) {
+    if (rg_rdzv_next_round(a->z) != RG_OK) {   /* a no-op if another agent moved it */
         agent_fail(a, "rg_rdzv_next_round");
         return false;
     }

@@ -109,7 +109,7 @@ struct rg_rdzv {
     int              epfd;                  /* watch fd + keeper fd */
     int              keeper_fd_added;
     rg_etcd_stats_t  retired;               /* counters of keepers and watches stopped */
-    bool             layout_ok;             /* the job's `layout` was found to be ours */
+    enum { RDZV_LAYOUT_UNKNOWN, RDZV_LAYOUT_OURS, RDZV_LAYOUT_OTHER } layout;   /* the job's */
     /* state */
     int              round;                 /* the round running, or being joined */
     bool             running;               /* a closed round including us runs */

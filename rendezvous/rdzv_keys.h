@@ -128,6 +128,9 @@ rg_status_t rdzv_rec_round_encode(int64_t r, char *buf, size_t cap) RG_NODISCARD
 rg_status_t rdzv_rec_round_decode(const char *v, size_t len, int64_t *r) RG_NODISCARD;
 rg_status_t rdzv_rec_ckpt_latest_encode(int64_t step, char *buf, size_t cap) RG_NODISCARD;
 rg_status_t rdzv_rec_ckpt_latest_decode(const char *v, size_t len, int64_t *step) RG_NODISCARD;
+/* layout: which layout a value of the `layout` key names, into name[cap] (v NULL: the key is
+ * absent, which is layout 1), and whether it is this build's RDZV_LAYOUT. */
+bool rdzv_rec_layout_decode(const char *v, size_t len, char *name, size_t cap);
 
 /* rounds/<r>/done/<agent>: {"time"} (wall seconds when the agent's workers had all exited 0).
  * The decoder also takes RDZV_DONE_VALUE, what older agents wrote, and then sets *time to -1

@@ -64,6 +64,16 @@ rg_status_t rdzv_rec_ckpt_latest_decode(const char *v, size_t len, int64_t *step
     return num_decode("workers/ckpt/latest", v, len, 0, INT64_MAX, step);
 }
 
+bool rdzv_rec_layout_decode(const char *v, size_t len, char *name, size_t cap)
+{
+    if (v == NULL) {
+        snprintf(name, cap, "1");
+        return false;
+    }
+    snprintf(name, cap, "%.*s", (int)RG_MIN(len, cap > 0 ? cap - 1 : 0), v);
+    return len == strlen(RDZV_LAYOUT) && memcmp(v, RDZV_LAYOUT, len) == 0;
+}
+
 /* ---- JSON field readers ---------------------------------------------------------------- */
 
 static json_t *load(const char *what, const char *v, size_t len)

@@ -51,16 +51,13 @@ static rg_status_t layout_check(rg_rdzv_t *z, const char *round_key, const char 
     }
     const rg_etcd_range_t *round = &t.results[0].u.range;
     const rg_etcd_range_t *layout = &t.results[1].u.range;
-    char have[16] = "1";
-    bool ours = round->n_kvs == 0 && layout->n_kvs == 0;   /* a new job: ours to lay out */
-    if (layout->n_kvs == 1) {
-        const rg_etcd_kv_t *kv = &layout->kvs[0];
-        ours = kv->value_len == strlen(RDZV_LAYOUT) &&
-               memcmp(kv->value, RDZV_LAYOUT, kv->value_len) == 0;
-        snprintf(have, sizeof(have), "%.*s", (int)RG_MIN(kv->value_len, sizeof(have) - 1),
-                 kv->value);
-    }
+    char have[16];
+    const rg_etcd_kv_t *kv = layout->n_kvs == 1 ? &layout->kvs[0] : NULL;
+    bool ours = rdzv_rec_layout_decode(kv ? kv->value : NULL, kv ? kv->value_len : 0, have,
+                                       sizeof(have)) ||
+                (round->n_kvs == 0 && kv == NULL);   /* a new job: ours to lay out */
     rg_etcd_txn_cleanup(&t);
+    z->layout = ours ? RDZV_LAYOUT_OURS : RDZV_LAYOUT_OTHER;
     if (!ours) {
         return rg_error(RG_EPROTO, "rendezvous: job %s: its keys in etcd (under %s) follow "
                         "layout %s%s, and this regroup reads layout %s "
@@ -71,7 +68,6 @@ static rg_status_t layout_check(rg_rdzv_t *z, const char *round_key, const char 
                                                : "",
                         RDZV_LAYOUT);
     }
-    z->layout_ok = true;
     return RG_OK;
 }
 
@@ -88,7 +84,7 @@ rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p)
     if (st == RG_OK) {
         st = rdzv_keys_layout(&z->keys, layout_key, sizeof(layout_key));
     }
-    if (st == RG_OK && !z->layout_ok) {
+    if (st == RG_OK && z->layout != RDZV_LAYOUT_OURS) {
         st = layout_check(z, key, layout_key);
     }
     if (st != RG_OK) {
@@ -519,7 +515,7 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         if (st == RG_EAGAIN) {
             return st;   /* the running round in *out (rg_rdzv_set_join_running) */
         }
-        if (st == RG_EPROTO && !z->layout_ok) {
+        if (z->layout == RDZV_LAYOUT_OTHER) {
             return st;   /* a job of another layout (layout_check): waiting changes nothing */
         }
         if (st != RG_OK) {

@@ -257,13 +257,18 @@ rg_status_t rg_rdzv_status_print(const rg_etcd_params_t *params, const char *job
     fprintf(out, "job:     %s\nround:   %lld\n", job, (long long)round);
     /* A job of another layout (docs/etcd-keys.md): its rounds read the same, but what its
      * workers wrote is elsewhere, and agents of this regroup refuse to join it. */
-    char layout[16] = "1";
-    if (rdzv_keys_layout(&keys, key, sizeof(key)) == RG_OK &&
-        rg_etcd_get(c, key, 0, &v, &len, NULL) == RG_OK) {
-        snprintf(layout, sizeof(layout), "%.*s", (int)RG_MIN(len, sizeof(layout) - 1), v);
-        free(v);
+    char layout[16];
+    v = NULL;
+    st = rdzv_keys_layout(&keys, key, sizeof(key));
+    if (st == RG_OK) {
+        st = rg_etcd_get(c, key, 0, &v, &len, NULL);
     }
-    if (strcmp(layout, RDZV_LAYOUT) != 0) {
+    bool other = false;
+    if (st == RG_OK || st == RG_ENOENT) {   /* absent: layout 1; unreadable: not said */
+        other = !rdzv_rec_layout_decode(st == RG_OK ? v : NULL, len, layout, sizeof(layout));
+    }
+    free(v);
+    if (other) {
         fprintf(out, "layout:  %s, not this regroup's %s: its workers' progress and checkpoints "
                 "are not shown, and its agents must be of the regroup that started it\n",
                 layout, RDZV_LAYOUT);

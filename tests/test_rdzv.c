@@ -60,6 +60,18 @@ static rg_rdzv_t *handle(const char *job, int nproc)
     return z;
 }
 
+/* Every handle of j[0..n) leaves (its lease revoked) and is destroyed. */
+static void leave_all(joiner_t *j, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (j[i].z != NULL) {
+            ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
+            rg_rdzv_destroy(j[i].z);
+            j[i].z = NULL;
+        }
+    }
+}
+
 /* Both handles join concurrently; both must come back with the same closed round. */
 static void join_both(joiner_t *j)
 {
@@ -143,10 +155,7 @@ START_TEST(test_two_handles_one_process)
     ck_assert_int_eq(late->a.group_rank, -1);
     rg_rdzv_destroy(late->z);
     free(late);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
     free(j);
 }
 END_TEST
@@ -173,10 +182,7 @@ START_TEST(test_round_opened_after_the_job_finished)
     ck_assert_msg(j[2].st == RG_OK, "%s", rg_last_error());
     ck_assert(j[2].a.job_done);
     ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
-    for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 3);
     free(j);
 }
 END_TEST
@@ -264,10 +270,7 @@ START_TEST(test_member_whose_peers_finished_without_it)
         ck_assert(!j[i].a.job_done);
         ck_assert_int_eq(j[i].a.round, 1);
     }
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
     free(j);
 }
 END_TEST
@@ -286,10 +289,7 @@ START_TEST(test_job_whose_agents_all_left_is_rejoined)
     j[1].z = handle(job, 2);
     join_both(j);
     ck_assert_int_eq(j[0].a.round, 0);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
 
     uint64_t t0 = rg_now_ns();
     j[0].z = handle(job, 1);
@@ -297,10 +297,7 @@ START_TEST(test_job_whose_agents_all_left_is_rejoined)
     join_both(j);
     ck_assert_int_eq(j[0].a.round, 1);
     ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
     free(j);
 }
 END_TEST
@@ -659,12 +656,7 @@ START_TEST(test_many_agents_lose_one_and_regroup)
         ck_assert_int_eq(v[i].a.n_members, MANY - 1);
         ck_assert_int_eq(v[i].a.group_rank, v[i].rank0);
     }
-    for (int i = 0; i < MANY; i++) {
-        if (j[i].z != NULL) {
-            ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-            rg_rdzv_destroy(j[i].z);
-        }
-    }
+    leave_all(j, MANY);
     free(t);
     free(v);
     free(j);
@@ -729,10 +721,7 @@ START_TEST(test_other_layouts_refused)
     ck_assert(memcmp(v, RDZV_LAYOUT, len) == 0);
     free(v);
     rg_etcd_destroy(c);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
     free(j);
 }
 END_TEST
@@ -767,10 +756,7 @@ START_TEST(test_agents_are_not_sent_progress)
     rg_rdzv_stats(j[0].z, &s1);
     ck_assert_uint_eq(s1.events - s0.events, 1);   /* `round`, and no progress record */
     ck_assert_uint_gt(s1.requests, s0.requests);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(rg_rdzv_leave(j[i].z), RG_OK);
-        rg_rdzv_destroy(j[i].z);
-    }
+    leave_all(j, 2);
     free(j);
 }
 END_TEST

@@ -68,6 +68,13 @@ START_TEST(test_keys_layout)
     ck_assert_str_eq(b, "/regroup/job-1/restart");
     CK_OK(rdzv_keys_layout(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/layout");
+    char name[16];
+    ck_assert(rdzv_rec_layout_decode(RDZV_LAYOUT, strlen(RDZV_LAYOUT), name, sizeof(name)));
+    ck_assert_str_eq(name, RDZV_LAYOUT);
+    ck_assert(!rdzv_rec_layout_decode("3", 1, name, sizeof(name)));
+    ck_assert_str_eq(name, "3");
+    ck_assert(!rdzv_rec_layout_decode(NULL, 0, name, sizeof(name)));   /* absent: layout 1 */
+    ck_assert_str_eq(name, "1");
     CK_OK(rdzv_keys_workers_prefix(&k, b, sizeof(b)));
     ck_assert_str_eq(b, "/regroup/job-1/workers/");
     CK_OK(rdzv_keys_workers_round_prefix(&k, 7, b, sizeof(b)));
