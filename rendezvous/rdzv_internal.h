@@ -2,13 +2,15 @@
  * Internals of the rendezvous (include/regroup/rdzv.h, docs/etcd-keys.md).
  *
  * One rg_rdzv_t is one agent's view of its job: an etcd client, a lease kept alive by a
- * keeper thread, and a watch on the job's prefix. Its files, one object each:
+ * keeper thread, and watches on the job's keys and its round (rdzv_keys.h). Its files:
  *   rdzv_lease.c      the handle's life: lease, keeper and watch, and the fd that wakes callers
  *   rdzv_keys.c       key builders and agent ids; rdzv_records.c the records (rdzv_keys.h)
  *   rdzv_close.c      the close policy: a pure function of what was read and the time given
  *   rdzv_close_txn.c  closing a round: the policy's inputs read, its answer written by one
  *                     compare-and-swap
- *   rdzv_round.c      joining: reading the round, registering, waiting to be let in
+ *   rdzv_round.c      joining: reading the round, registering (the first to register is
+ *                     the round's closer: only it lists the round's nodes), waiting to be
+ *                     let in
  *   rdzv_check.c      while a round runs: what ends it, failure markers, done, the next round
  *   rdzv_fence.c      fenced writes: conditional on the writer still being a member (rdzv_fence.h)
  *   rdzv_print.c      the failure table at the end of a failed job
@@ -96,6 +98,17 @@ void rdzv_close_plan(const rdzv_close_in_t *in, rdzv_close_out_t *out,
 
 /* ---- the handle -------------------------------------------------------------------------- */
 
+/* The handle's watches (rdzv_keys.h, "what an agent watches"): the job's two ranges always;
+ * the round it joins or runs; and, for the closer of a forming round, the round before it
+ * (its members' node keys and leaving records decide when the new round may close). */
+enum { RDZV_W_JOB0, RDZV_W_JOB1, RDZV_W_ROUND, RDZV_W_PREV, RDZV_W_N };
+
+typedef struct {
+    rg_etcd_watch_t *w;
+    bool             on;      /* wanted: range holds what to watch */
+    rdzv_range_t     range;
+} rdzv_watch_slot_t;
+
 struct rg_rdzv {
     rg_rdzv_params_t p;
     char             job[RDZV_JOB_MAX + 1];
@@ -105,7 +118,7 @@ struct rg_rdzv {
     rg_etcd_t       *etcd;
     int64_t          lease;
     rg_etcd_keeper_t *keeper;
-    rg_etcd_watch_t *watch;
+    rdzv_watch_slot_t watches[RDZV_W_N];
     int              epfd;                  /* watch fd + keeper fd */
     int              keeper_fd_added;
     rg_etcd_stats_t  retired;               /* counters of keepers and watches stopped */
@@ -118,6 +131,8 @@ struct rg_rdzv {
     int              last_rank;             /* our group rank in it */
     uint64_t         min_reached_ns;
     int              registered_round;
+    int              closer_round;          /* the round we hold the closer key of, -1 */
+    int64_t          look_rev;              /* revision of the join's last look */
     bool             waiting;
     bool             hold_running;    /* rg_rdzv_set_join_running: RG_EAGAIN before waiting */
     bool             verify;                /* read the state at the next check */
@@ -140,9 +155,17 @@ rg_status_t rdzv_lease_start(rg_rdzv_t *z, rg_deadline_t deadline);
 void        rdzv_lease_stop(rg_rdzv_t *z);
 /* If the keeper lost the lease: forgets the registrations and starts a new lease. */
 rg_status_t rdzv_lease_renew_if_lost(rg_rdzv_t *z, rg_deadline_t deadline);
-/* Drains queued watch events (re-watching if the watch ended); true if any may matter
- * (the watch holds only what agents act on), or the watch was renewed. */
+/* Drains queued watch events (re-watching any that ended); true if any may matter (the
+ * watches hold only what agents act on), or a watch was renewed. */
 bool        rdzv_watch_drain(rg_rdzv_t *z);
+/* Makes slot watch range (NULL: nothing) from start_rev (0: now); a no-op when it already
+ * does. A watch that cannot be made is tried again at the next drain. */
+void        rdzv_watch_set(rg_rdzv_t *z, int slot, const rdzv_range_t *range, int64_t start_rev);
+/* The round watches: round r, with its nodes/ or not (rdzv_keys_watch_round), and with
+ * prev_too all of round r - 1 (the closer of a forming round: its members' node keys and
+ * leaving records decide when round r may close); from start_rev. */
+void        rdzv_watch_round(rg_rdzv_t *z, int r, bool nodes, bool prev_too,
+                             int64_t start_rev);
 
 /* rdzv_round.c: reads `round` (creating it as 0 for the job's first agent). */
 rg_status_t rdzv_round_read(rg_rdzv_t *z, int *round_p);

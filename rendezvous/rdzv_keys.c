@@ -117,6 +117,52 @@ rg_status_t rdzv_keys_closed(const rdzv_keys_t *k, int64_t r, char *buf, size_t 
     return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/closed", r);
 }
 
+rg_status_t rdzv_keys_closer(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
+{
+    return keys_fmt(k, buf, cap, "rounds/%" PRId64 "/closer", r);
+}
+
+/* The end of the range of every key under prefix (which ends in '/'): '/' + 1 is '0'. */
+static void prefix_end(char *end)
+{
+    size_t n = strlen(end);
+    assert(n > 0 && end[n - 1] == '/');
+    end[n - 1] = '0';
+}
+
+rg_status_t rdzv_keys_watch_job(const rdzv_keys_t *k, rdzv_range_t out[2])
+{
+    rg_status_t st = keys_fmt(k, out[0].key, sizeof(out[0].key), "%s", "");
+    if (st == RG_OK) {
+        st = keys_fmt(k, out[0].end, sizeof(out[0].end), "rounds/");
+    }
+    if (st == RG_OK) {
+        st = keys_fmt(k, out[1].key, sizeof(out[1].key), "rounds/");
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_workers_prefix(k, out[1].end, sizeof(out[1].end));
+    }
+    if (st == RG_OK) {
+        prefix_end(out[1].key);
+    }
+    return st;
+}
+
+rg_status_t rdzv_keys_watch_round(const rdzv_keys_t *k, int64_t r, bool nodes,
+                                  rdzv_range_t *out)
+{
+    rg_status_t st = rdzv_keys_round_prefix(k, r, out->key, sizeof(out->key));
+    if (st == RG_OK && nodes) {
+        st = rdzv_keys_round_prefix(k, r, out->end, sizeof(out->end));
+        if (st == RG_OK) {
+            prefix_end(out->end);
+        }
+    } else if (st == RG_OK) {
+        st = rdzv_keys_nodes_prefix(k, r, out->end, sizeof(out->end));
+    }
+    return st;
+}
+
 rg_status_t rdzv_keys_restart(const rdzv_keys_t *k, char *buf, size_t cap)
 {
     return keys_fmt(k, buf, cap, "restart");

@@ -58,9 +58,9 @@ const char *rdzv_keys_prefix(const rdzv_keys_t *keys);
 rg_status_t rdzv_keys_round(const rdzv_keys_t *k, char *buf, size_t cap) RG_NODISCARD;
 rg_status_t rdzv_keys_layout(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                                  /* layout: RDZV_LAYOUT, with `round` */
-/* workers/: what workers write (progress, restored, checkpoints, wire-up addresses), where
- * the agents' watch ends: an agent watches [prefix, prefix "workers/"), so a key that agents
- * must see sorts before "workers/" and one they need not see goes under it. */
+/* workers/: what workers write (progress, restored, checkpoints, wire-up addresses), which
+ * no agent watches (below, "what an agent watches"): a key that agents must see sorts
+ * before "workers/" and one they need not see goes under it. */
 rg_status_t rdzv_keys_workers_prefix(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                                                             /* workers/ */
 rg_status_t rdzv_keys_workers_round_prefix(const rdzv_keys_t *k, int64_t r, char *buf,
@@ -73,6 +73,8 @@ rg_status_t rdzv_keys_node(const rdzv_keys_t *k, int64_t r, const char *agent, c
                            size_t cap) RG_NODISCARD;          /* rounds/<r>/nodes/<agent> */
 rg_status_t rdzv_keys_closed(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
     RG_NODISCARD;                                                  /* rounds/<r>/closed */
+rg_status_t rdzv_keys_closer(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
+    RG_NODISCARD;                                                  /* rounds/<r>/closer */
 rg_status_t rdzv_keys_restart(const rdzv_keys_t *k, char *buf, size_t cap)
     RG_NODISCARD;                 /* restart: in place, the last round whose workers restart */
 rg_status_t rdzv_keys_done_prefix(const rdzv_keys_t *k, int64_t r, char *buf, size_t cap)
@@ -105,6 +107,24 @@ rg_status_t rdzv_keys_leaving_prefix(const rdzv_keys_t *k, int64_t r, char *buf,
     RG_NODISCARD;                                                 /* rounds/<r>/leaving/ */
 rg_status_t rdzv_keys_leaving(const rdzv_keys_t *k, int64_t r, const char *agent, char *buf,
                               size_t cap) RG_NODISCARD;      /* rounds/<r>/leaving/<agent> */
+
+/* ---- what an agent watches ------------------------------------------------------------------
+ *
+ * Every agent watches the job's keys outside rounds/ and workers/ (rdzv_keys_watch_job: two
+ * ranges, before rounds/ and from its end to workers/: `round`, `layout`, `restart`,
+ * failures/, waiting/), and the round it joins or runs (rdzv_keys_watch_round). Only the
+ * round's closer, while it forms, and its members, once it runs, watch its nodes/: the
+ * others see the round's own records (closed, closer, done/, leaving/) and not one event per
+ * node that registers. A range is [key, end) (etcd's range_end). */
+typedef struct {
+    char key[RDZV_KEY_MAX];
+    char end[RDZV_KEY_MAX];
+} rdzv_range_t;
+
+rg_status_t rdzv_keys_watch_job(const rdzv_keys_t *k, rdzv_range_t out[2]) RG_NODISCARD;
+/* rounds/<r>/ whole with nodes, else up to rounds/<r>/nodes/. */
+rg_status_t rdzv_keys_watch_round(const rdzv_keys_t *k, int64_t r, bool nodes,
+                                  rdzv_range_t *out) RG_NODISCARD;
 
 /* The rest of key after prefix (a prefix built above), or NULL if key is not under it or
  * nothing follows it: the agent of a nodes/ or waiting/ key, the rank of a progress key. */

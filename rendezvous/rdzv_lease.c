@@ -1,6 +1,7 @@
 /*
  * The rendezvous handle's life: its etcd client, the agent's lease and keeper thread, and
- * the watch on the job's prefix, all behind one epoll fd that wakes the agent's loop.
+ * its watches (the job's keys, and the round it is in), all behind one epoll fd that wakes
+ * the agent's loop.
  */
 #include "rdzv_internal.h"
 
@@ -63,61 +64,111 @@ rg_status_t rdzv_lease_renew_if_lost(rg_rdzv_t *z, rg_deadline_t deadline)
     /* Whatever was attached to the old lease is gone with it. */
     rdzv_lease_stop(z);
     z->registered_round = -1;
+    z->closer_round = -1;
     z->waiting = false;
     return rdzv_lease_start(z, deadline);
 }
 
-/* The agent's watch: the job's keys up to workers/ (rdzv_keys.h), so that what workers write
- * (progress twice a second a rank, wire-up addresses, checkpoints) is not sent to every
- * agent. */
-static rg_status_t watch_start(rg_rdzv_t *z)
+static void watch_stop(rg_rdzv_t *z, rdzv_watch_slot_t *ws)
 {
-    char end[RDZV_KEY_MAX];
-    rg_status_t st = rdzv_keys_workers_prefix(&z->keys, end, sizeof(end));
+    if (ws->w != NULL) {
+        epoll_ctl(z->epfd, EPOLL_CTL_DEL, rg_etcd_watch_fd(ws->w), NULL);
+        rg_etcd_watch_stats_add(ws->w, &z->retired);
+        rg_etcd_watch_destroy(ws->w);
+        ws->w = NULL;
+    }
+}
+
+static rg_status_t watch_start(rg_rdzv_t *z, rdzv_watch_slot_t *ws, int64_t start_rev)
+{
+    rg_etcd_watch_req_t wr = {.key = ws->range.key, .range_end = ws->range.end,
+                              .start_revision = start_rev};
+    rg_status_t st = rg_etcd_watch_create(&z->p.etcd, &wr, 0, &ws->w);
     if (st != RG_OK) {
+        ws->w = NULL;
         return st;
     }
-    rg_etcd_watch_req_t wr = {.key = rdzv_keys_prefix(&z->keys), .range_end = end};
-    st = rg_etcd_watch_create(&z->p.etcd, &wr, 0, &z->watch);
-    if (st != RG_OK) {
-        z->watch = NULL;
-        return st;
-    }
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = rg_etcd_watch_fd(z->watch)};
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = rg_etcd_watch_fd(ws->w)};
     if (epoll_ctl(z->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) != 0) {
+        watch_stop(z, ws);
         return rg_error(RG_ESYS, "rendezvous: epoll_ctl: %s", strerror(errno));
     }
     return RG_OK;
 }
 
+void rdzv_watch_set(rg_rdzv_t *z, int slot, const rdzv_range_t *range, int64_t start_rev)
+{
+    rdzv_watch_slot_t *ws = &z->watches[slot];
+
+    if (range == NULL) {
+        watch_stop(z, ws);
+        ws->on = false;
+        return;
+    }
+    if (ws->on && strcmp(ws->range.key, range->key) == 0 &&
+        strcmp(ws->range.end, range->end) == 0) {
+        return;   /* (one not made yet is tried again by the drain) */
+    }
+    watch_stop(z, ws);
+    ws->range = *range;
+    ws->on = true;
+    if (watch_start(z, ws, start_rev) != RG_OK) {
+        rg_warn("rendezvous: cannot watch %s yet (%s); reading the state every second",
+                range->key, rg_last_error());
+    }
+}
+
+void rdzv_watch_round(rg_rdzv_t *z, int r, bool nodes, bool prev_too, int64_t start_rev)
+{
+    rdzv_range_t round;
+    rdzv_range_t prev;
+    bool have_prev = prev_too && r > 0;
+
+    if (rdzv_keys_watch_round(&z->keys, r, nodes, &round) != RG_OK ||
+        (have_prev && rdzv_keys_watch_round(&z->keys, r - 1, true, &prev) != RG_OK)) {
+        return;   /* cannot happen for a round of 0..RDZV_ROUND_MAX; the looks go on */
+    }
+    rdzv_watch_set(z, RDZV_W_ROUND, &round, start_rev);
+    rdzv_watch_set(z, RDZV_W_PREV, have_prev ? &prev : NULL, start_rev);
+}
+
 bool rdzv_watch_drain(rg_rdzv_t *z)
 {
-    rg_etcd_event_t ev;
     bool relevant = false;
-    rg_status_t st;
+    bool refused = false;   /* a watch could not be made: try no other one in this drain */
 
-    /* No watch (a new one could not be made last time): as if it had just ended. */
-    st = z->watch == NULL ? RG_ECANCELED : RG_OK;
-    while (st == RG_OK &&
-           (st = rg_etcd_watch_next(z->watch, RG_DEADLINE_POLL, &ev, NULL)) == RG_OK) {
-        relevant = true;   /* the watch holds only what agents act on */
-        rg_etcd_event_cleanup(&ev);
-    }
-    if (st != RG_ETIMEDOUT) {
-        /* The watch is over (compacted, refused, never made): start a new one from now.
-         * State is re-read after this, and at least every second, so nothing is missed. */
-        if (z->watch != NULL) {
-            rg_warn("rendezvous: job watch ended (%s); watching again", rg_last_error());
-            epoll_ctl(z->epfd, EPOLL_CTL_DEL, rg_etcd_watch_fd(z->watch), NULL);
-            rg_etcd_watch_stats_add(z->watch, &z->retired);
-            rg_etcd_watch_destroy(z->watch);
-            z->watch = NULL;
+    for (int i = 0; i < RDZV_W_N; i++) {
+        rdzv_watch_slot_t *ws = &z->watches[i];
+        rg_etcd_event_t ev;
+        if (!ws->on) {
+            continue;
         }
-        if (watch_start(z) != RG_OK) {
-            rg_warn("rendezvous: cannot watch the job (%s); reading its state every second",
-                    rg_last_error());
+        /* No watch (a new one could not be made last time): as if it had just ended. */
+        rg_status_t st = ws->w == NULL ? RG_ECANCELED : RG_OK;
+        while (st == RG_OK &&
+               (st = rg_etcd_watch_next(ws->w, RG_DEADLINE_POLL, &ev, NULL)) == RG_OK) {
+            relevant = true;   /* the watches hold only what agents act on */
+            rg_debug("rendezvous: event %s %s at %lld", ev.type == RG_ETCD_EVENT_PUT ? "put"
+                     : "delete", ev.kv.key, (long long)ev.kv.mod_revision);
+            rg_etcd_event_cleanup(&ev);
         }
-        relevant = true;
+        if (st != RG_ETIMEDOUT) {
+            /* The watch is over (compacted, refused, never made): start a new one from now.
+             * State is re-read after this, and at least every second, so nothing is missed. */
+            if (ws->w != NULL) {
+                rg_warn("rendezvous: watch of %s ended (%s); watching again", ws->range.key,
+                        rg_last_error());
+                watch_stop(z, ws);
+            }
+            if (refused || watch_start(z, ws, 0) != RG_OK) {
+                if (!refused) {
+                    rg_warn("rendezvous: cannot watch %s (%s); reading its state every "
+                            "second", ws->range.key, rg_last_error());
+                }
+                refused = true;   /* each try may take etcd's deadline: one a look */
+            }
+            relevant = true;
+        }
     }
     return relevant;
 }
@@ -175,6 +226,7 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
     z->last_round = -1;
     z->last_rank = -1;
     z->registered_round = -1;
+    z->closer_round = -1;
     z->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (z->epfd < 0) {
         free(z);
@@ -193,14 +245,21 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
     if (st != RG_OK) {
         goto err;
     }
-    st = watch_start(z);
-    if (st == RG_ETIMEDOUT || st == RG_EUNREACH || st == RG_EAGAIN) {
-        /* etcd answers but slowly (a loaded machine, a member being elected): as when a watch
-         * cannot be made again later, the state is read at every look (at least once a
-         * second) and each look tries to watch again (rdzv_watch_drain). */
-        rg_warn("rendezvous: cannot watch the job yet (%s); reading its state every second",
-                rg_last_error());
-        st = RG_OK;
+    rdzv_range_t job[2];
+    st = rdzv_keys_watch_job(&z->keys, job);
+    for (int i = 0; st == RG_OK && i < 2; i++) {
+        rdzv_watch_slot_t *ws = &z->watches[RDZV_W_JOB0 + i];
+        ws->range = job[i];
+        ws->on = true;
+        st = watch_start(z, ws, 0);
+        if (st == RG_ETIMEDOUT || st == RG_EUNREACH || st == RG_EAGAIN) {
+            /* etcd answers but slowly (a loaded machine, a member being elected): as when a
+             * watch cannot be made again later, the state is read at every look (at least
+             * once a second) and each look tries to watch again (rdzv_watch_drain). */
+            rg_warn("rendezvous: cannot watch the job yet (%s); reading its state every "
+                    "second", rg_last_error());
+            st = RG_OK;
+        }
     }
     if (st != RG_OK) {
         goto err;
@@ -217,7 +276,9 @@ void rg_rdzv_destroy(rg_rdzv_t *z)
     if (z == NULL) {
         return;
     }
-    rg_etcd_watch_destroy(z->watch);
+    for (int i = 0; i < RDZV_W_N; i++) {
+        rg_etcd_watch_destroy(z->watches[i].w);
+    }
     rdzv_lease_stop(z);
     rg_etcd_destroy(z->etcd);
     close(z->epfd);
@@ -244,7 +305,9 @@ void rg_rdzv_stats(const rg_rdzv_t *z, rg_etcd_stats_t *out)
     *out = z->retired;
     rg_etcd_stats_add(z->etcd, out);
     rg_etcd_keeper_stats_add(z->keeper, out);
-    rg_etcd_watch_stats_add(z->watch, out);
+    for (int i = 0; i < RDZV_W_N; i++) {
+        rg_etcd_watch_stats_add(z->watches[i].w, out);
+    }
 }
 
 int rg_rdzv_fd(const rg_rdzv_t *z)

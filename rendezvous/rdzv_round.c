@@ -222,10 +222,14 @@ rg_status_t rdzv_round_advance(rg_rdzv_t *z, int r)
 
 /* ---- registering ------------------------------------------------------------------------ */
 
+/* Registers in round r, leaving the waiting list in the same step (never seen in neither),
+ * and becomes the round's closer if it has none yet: the first to register closes the round,
+ * and only it lists the round's nodes while the round forms (rdzv_keys.h). */
 static rg_status_t register_node(rg_rdzv_t *z, int r)
 {
     char key[RDZV_KEY_MAX];
     char wkey[RDZV_KEY_MAX];
+    char ckey[RDZV_KEY_MAX];
     char *text;
     rg_etcd_txn_t t;
     rg_status_t st;
@@ -239,27 +243,85 @@ static rg_status_t register_node(rg_rdzv_t *z, int r)
         st = rdzv_keys_waiting(&z->keys, z->agent, wkey, sizeof(wkey));
     }
     if (st == RG_OK) {
+        st = rdzv_keys_closer(&z->keys, r, ckey, sizeof(ckey));
+    }
+    if (st == RG_OK) {
         st = rdzv_rec_node_encode(&d, &text);
     }
     if (st != RG_OK) {
         return st;
     }
-    /* Joining and leaving the waiting list in one step: never seen in neither. */
-    rg_etcd_op_t ops[2] = {
+    rg_etcd_cmp_t c = {.key = ckey, .target = RG_ETCD_CMP_CREATE, .result = RG_ETCD_EQUAL};
+    rg_etcd_op_t ops[3] = {
         {.type = RG_ETCD_OP_PUT, .u.put = {.key = key, .value = text, .value_len = strlen(text),
                                            .lease = z->lease}},
         {.type = RG_ETCD_OP_DELETE, .u.del = {.key = wkey}},
+        {.type = RG_ETCD_OP_PUT, .u.put = {.key = ckey, .value = z->agent,
+                                           .value_len = strlen(z->agent), .lease = z->lease}},
     };
-    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 2, NULL, 0, 0, &t);
+    st = rg_etcd_txn(z->etcd, &c, 1, ops, 3, ops, 2, 0, &t);
     free(text);
     if (st != RG_OK) {
         return rg_error_wrap(st, "rendezvous: registering in round %d", r);
     }
-    rg_etcd_txn_cleanup(&t);
     z->registered_round = r;
+    z->closer_round = t.succeeded ? r : -1;
     z->waiting = false;
-    rg_info("rendezvous: joined round %d", r);
+    rg_etcd_txn_cleanup(&t);
+    rg_info("rendezvous: joined round %d%s", r, z->closer_round == r ? " (its closer)" : "");
     return RG_OK;
+}
+
+/* Round r has no closer (the first to register lost its lease): this registered agent takes
+ * over, if it is still registered and nobody else did first. */
+static rg_status_t take_closer(rg_rdzv_t *z, int r)
+{
+    char key[RDZV_KEY_MAX];
+    char ckey[RDZV_KEY_MAX];
+    rg_etcd_txn_t t;
+    rg_status_t st = rdzv_keys_node(&z->keys, r, z->agent, key, sizeof(key));
+
+    if (st == RG_OK) {
+        st = rdzv_keys_closer(&z->keys, r, ckey, sizeof(ckey));
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    rg_etcd_cmp_t c[2] = {
+        {.key = ckey, .target = RG_ETCD_CMP_CREATE, .result = RG_ETCD_EQUAL},
+        {.key = key, .target = RG_ETCD_CMP_CREATE, .result = RG_ETCD_GREATER, .number = 0},
+    };
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT,
+                       .u.put = {.key = ckey, .value = z->agent, .value_len = strlen(z->agent),
+                                 .lease = z->lease}};
+    st = rg_etcd_txn(z->etcd, c, 2, &op, 1, NULL, 0, 0, &t);
+    if (st != RG_OK) {
+        return st;
+    }
+    if (t.succeeded) {
+        z->closer_round = r;
+        rg_info("rendezvous: round %d lost its closer; this agent closes it", r);
+    }
+    rg_etcd_txn_cleanup(&t);
+    return RG_OK;
+}
+
+/* How many node keys round r has (one count, not the keys). */
+static rg_status_t nodes_count(rg_rdzv_t *z, int r, int *n)
+{
+    char key[RDZV_KEY_MAX];
+    rg_etcd_range_t res;
+    rg_etcd_range_req_t rq = {.key = key, .prefix = true, .count_only = true};
+    rg_status_t st = rdzv_keys_nodes_prefix(&z->keys, r, key, sizeof(key));
+
+    if (st == RG_OK) {
+        st = rg_etcd_range(z->etcd, &rq, 0, &res);
+    }
+    if (st == RG_OK) {
+        *n = (int)RG_MIN(res.count, (int64_t)INT32_MAX);
+        rg_etcd_range_cleanup(&res);
+    }
+    return st;
 }
 
 static rg_status_t register_waiting(rg_rdzv_t *z)
@@ -363,47 +425,79 @@ static bool prev_round_done(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out)
     return done;
 }
 
-/* One look at round r: returns RG_OK with *done set when a round including us closed. */
+/* One look at round r: returns RG_OK with *done set when a round including us closed. The
+ * look reads the round's own records (closed, closer, done/, leaving/), and its node keys
+ * only for the closer: an agent waiting for the close reads O(1) keys however large the
+ * job. */
 static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, bool *done,
                              uint64_t *wake_ns)
 {
-    char key[RDZV_KEY_MAX];
+    rdzv_range_t own;
     char closed_key[RDZV_KEY_MAX];
+    char closer_key[RDZV_KEY_MAX];
     char nodes_key[RDZV_KEY_MAX];
-    rg_etcd_range_t res;
-    rg_etcd_range_req_t rq = {.key = key, .prefix = true};
-    int n = 0;
+    char prev_done[RDZV_KEY_MAX];
+    rg_etcd_txn_t t;
+    bool closer = z->registered_round == r && z->closer_round == r;
+    int n = -1;   /* node keys of round r: listed by the closer, else counted when needed */
     bool closed = false;
+    bool has_closer = false;
     rg_status_t st;
 
     *done = false;
-    st = rdzv_keys_round_prefix(&z->keys, r, key, sizeof(key));
+    st = rdzv_keys_watch_round(&z->keys, r, false, &own);
     if (st == RG_OK) {
         st = rdzv_keys_closed(&z->keys, r, closed_key, sizeof(closed_key));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_closer(&z->keys, r, closer_key, sizeof(closer_key));
     }
     if (st == RG_OK) {
         st = rdzv_keys_nodes_prefix(&z->keys, r, nodes_key, sizeof(nodes_key));
     }
     if (st == RG_OK) {
-        st = rg_etcd_range(z->etcd, &rq, 0, &res);
+        st = rdzv_keys_done_prefix(&z->keys, RG_MAX(r - 1, 0), prev_done, sizeof(prev_done));
     }
     if (st != RG_OK) {
         return st;
     }
-    for (size_t i = 0; i < res.n_kvs; i++) {
-        const rg_etcd_kv_t *kv = &res.kvs[i];
+    rg_etcd_op_t ops[3] = {
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = own.key, .range_end = own.end}},
+        /* whether any member of round r - 1 finished (then prev_round_done reads more) */
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = prev_done, .prefix = true,
+                                               .count_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = nodes_key, .prefix = true}},
+    };
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, closer ? 3 : 2, NULL, 0, 0, &t);
+    if (st != RG_OK) {
+        return st;
+    }
+    const rg_etcd_range_t *res = &t.results[0].u.range;
+    for (size_t i = 0; i < res->n_kvs && st == RG_OK; i++) {
+        const rg_etcd_kv_t *kv = &res->kvs[i];
         if (strcmp(kv->key, closed_key) == 0) {
             st = rdzv_rec_closed_decode(kv->value, kv->value_len, r, out);
             closed = true;
-        } else if (rdzv_keys_tail(kv->key, nodes_key) != NULL && n < RDZV_LIST_MAX) {
+        } else if (strcmp(kv->key, closer_key) == 0) {
+            has_closer = true;
+        }
+    }
+    bool prev_finished = r > 0 && t.results[1].u.range.count > 0;
+    if (closer) {
+        n = 0;
+        res = &t.results[2].u.range;
+        for (size_t i = 0; i < res->n_kvs && n < RDZV_LIST_MAX; i++) {
+            const rg_etcd_kv_t *kv = &res->kvs[i];
             /* A descriptor that does not decode is no node of ours: leave it out. */
-            if (rdzv_rec_node_decode(kv->value, kv->value_len, &z->nodes[n]) == RG_OK) {
+            if (rdzv_keys_tail(kv->key, nodes_key) != NULL &&
+                rdzv_rec_node_decode(kv->value, kv->value_len, &z->nodes[n]) == RG_OK) {
                 z->nodes[n++].create_rev = kv->create_revision;
             }
         }
     }
-    int64_t rev = res.revision;
-    rg_etcd_range_cleanup(&res);
+    int64_t rev = t.revision;
+    z->look_rev = rev;
+    rg_etcd_txn_cleanup(&t);
     if (st != RG_OK) {
         return st;
     }
@@ -433,6 +527,12 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
          * finished): nobody is running it to let us in (a whole job preempted, then started
          * again under the same job id). An in-place agent (hold_running) starts its workers
          * as newcomers first, at the maximum size too: they wait there for room. */
+        if (n < 0) {
+            st = nodes_count(z, r, &n);
+            if (st != RG_OK) {
+                return st;
+            }
+        }
         if (z->hold_running && n > 0) {
             return rg_error(RG_EAGAIN, "rendezvous: round %d of job %s runs without this node",
                             r, z->job);   /* rg_rdzv_set_join_running */
@@ -444,7 +544,7 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
         }
         return st;
     }
-    if (prev_round_done(z, r, out)) {
+    if (prev_finished && prev_round_done(z, r, out)) {
         rg_info("rendezvous: the other members of round %d finished: the job is over", r - 1);
         *done = true;
         return RG_OK;
@@ -454,8 +554,18 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
         if (st != RG_OK) {
             return st;
         }
-        *wake_ns = rg_now_ns();   /* list again, with us in it */
+        *wake_ns = rg_now_ns();   /* look again, with us in it */
         return RG_OK;
+    }
+    if (!closer) {
+        /* The closer's lease went with it (its key is leased): the next to look takes over. */
+        if (!has_closer) {
+            st = take_closer(z, r);
+            if (st == RG_OK && z->closer_round == r) {
+                *wake_ns = rg_now_ns();
+            }
+        }
+        return st;
     }
     return rdzv_round_try_close(z, r, n, rev, wake_ns);
 }
@@ -512,6 +622,12 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         if (st == RG_OK && done) {
             break;
         }
+        if (st == RG_OK) {
+            /* What to be woken by until the next look: the round's close, and its nodes for
+             * its closer (from just after this look, so that nothing falls between). */
+            bool closer = z->closer_round == r && z->registered_round == r;
+            rdzv_watch_round(z, r, closer, closer, z->look_rev + 1);
+        }
         if (st == RG_EAGAIN) {
             return st;   /* the running round in *out (rg_rdzv_set_join_running) */
         }
@@ -549,6 +665,9 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         z->cur = *out;
         z->last_round = out->round;
         z->last_rank = out->group_rank;
+        /* A member watches its round's nodes/ (a member lost is a key deleted), not the
+         * round before it; from the look that found the round closed. */
+        rdzv_watch_round(z, out->round, true, false, z->look_rev + 1);
         z->verify = true;   /* events drained while joining may concern this round */
         z->nodes_seen_rev = 0;   /* and its first look lists its nodes */
         z->n_leaving = 0;   /* the last round's leaving members are not this one's */

@@ -49,6 +49,22 @@ static void *join_main(void *arg)
     return NULL;
 }
 
+typedef struct {
+    rg_rdzv_t           *z;
+    int                  fd;       /* cancels the join when readable */
+    rg_status_t          st;
+    char                 agent[RG_RDZV_ID_MAX];
+    rg_rdzv_assignment_t a;
+} cancel_join_t;
+
+static void *cancel_join_main(void *arg)
+{
+    cancel_join_t *c = arg;
+    snprintf(c->agent, sizeof(c->agent), "%s", rg_rdzv_agent_id(c->z));
+    c->st = rg_rdzv_join(c->z, c->fd, &c->a);
+    return NULL;
+}
+
 static rg_rdzv_t *handle(const char *job, int nproc)
 {
     rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
@@ -602,14 +618,15 @@ START_TEST(test_many_agents_lose_one_and_regroup)
     char job[64];
 
     ck_assert(j != NULL && v != NULL && t != NULL);
-    /* Each handle holds about six descriptors (three connections, its epoll set, two event
-     * fds): more than a soft limit of 1024 allows at 256. */
+    /* Each handle holds about nine descriptors (its client's, its keeper's and up to four
+     * watches' connections, its epoll set, event fds): more than a soft limit of 1024
+     * allows at 256. */
     struct rlimit rl;
     ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
     rl.rlim_cur = rl.rlim_max;
     ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-    ck_assert_msg(rl.rlim_cur >= 8 * MANY, "RLIMIT_NOFILE is %llu, %d handles need %d",
-                  (unsigned long long)rl.rlim_cur, MANY, 8 * MANY);
+    ck_assert_msg(rl.rlim_cur >= 12 * MANY, "RLIMIT_NOFILE is %llu, %d handles need %d",
+                  (unsigned long long)rl.rlim_cur, MANY, 12 * MANY);
     snprintf(job, sizeof(job), "many-%d", (int)getpid());
     rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 5000},
                           .job = job, .addr = "127.0.0.1", .nproc = 8, .min_nodes = MANY - 1,
@@ -738,13 +755,22 @@ START_TEST(test_agents_are_not_sent_progress)
     j[0].z = handle(job, 1);
     j[1].z = handle(job, 2);
     join_both(j);
-    rg_rdzv_change_t c;
-    ck_assert_int_eq(rg_rdzv_check(j[0].z, &c), RG_OK);   /* drains what the join left */
-    rg_etcd_stats_t s0;
-    rg_rdzv_stats(j[0].z, &s0);
     rdzv_keys_t keys;
     ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
     rg_etcd_t *cli = rg_rdzv_client(j[1].z);
+    /* What the join left: a watch started from a join's last look may still be sent what
+     * came after that look. A key no agent reads, in the round's range, marks the end. */
+    char marker[RDZV_KEY_MAX];
+    int64_t marker_rev = 0;
+    ck_assert_int_eq(rdzv_keys_round_prefix(&keys, 0, marker, sizeof(marker)), RG_OK);
+    strcat(marker, "test-marker");
+    ck_assert_int_eq(rg_etcd_put_str(cli, marker, "", 0, 0, &marker_rev), RG_OK);
+    rg_rdzv_change_t c;
+    TEST_WAIT_UNTIL(rg_rdzv_check(j[0].z, &c) == RG_OK && c == RG_RDZV_NONE &&
+                    rg_etcd_watch_revision(j[0].z->watches[RDZV_W_ROUND].w) >= marker_rev,
+                    10000, "the round's watch did not get to the marker");
+    rg_etcd_stats_t s0;
+    rg_rdzv_stats(j[0].z, &s0);
     for (int rank = 0; rank < 20; rank++) {
         char key[RDZV_KEY_MAX];
         ck_assert_int_eq(rdzv_keys_progress(&keys, rank, key, sizeof(key)), RG_OK);
@@ -758,6 +784,147 @@ START_TEST(test_agents_are_not_sent_progress)
     ck_assert_uint_gt(s1.requests, s0.requests);
     leave_all(j, 2);
     free(j);
+}
+END_TEST
+
+/* Whether key's value is text (a client of the test's own, polled by TEST_WAIT_UNTIL). */
+static bool key_is(rg_etcd_t *cli, const char *key, const char *text)
+{
+    char *v = NULL;
+    size_t len = 0;
+    bool is = rg_etcd_get(cli, key, 0, &v, &len, NULL) == RG_OK && len == strlen(text) &&
+              memcmp(v, text, len) == 0;
+    free(v);
+    return is;
+}
+
+static bool key_exists(rg_etcd_t *cli, const char *key)
+{
+    char *v = NULL;
+    size_t len = 0;
+    rg_status_t st = rg_etcd_get(cli, key, 0, &v, &len, NULL);
+    free(v);
+    return st == RG_OK;
+}
+
+static rg_etcd_t *test_client(void)
+{
+    rg_etcd_params_t ep = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000};
+    rg_etcd_t *cli = NULL;
+    ck_assert_msg(rg_etcd_create(&ep, &cli) == RG_OK, "%s", rg_last_error());
+    return cli;
+}
+
+#define FORMING 12
+
+/* While a round forms, only its closer (the first to register) is sent its node keys: an
+ * agent that registered second gets the close and not the 10 registrations after it. */
+START_TEST(test_waiting_agents_are_not_sent_nodes)
+{
+    joiner_t *j = calloc(FORMING, sizeof(*j));
+    pthread_t t[FORMING];
+    char job[64];
+    char closer[RDZV_KEY_MAX];
+    char node[RDZV_KEY_MAX];
+    rdzv_keys_t keys;
+    rg_etcd_t *cli = test_client();
+
+    ck_assert_ptr_nonnull(j);
+    snprintf(job, sizeof(job), "forming-%d", (int)getpid());
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    ck_assert_int_eq(rdzv_keys_closer(&keys, 0, closer, sizeof(closer)), RG_OK);
+    rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                          .job = job, .addr = "127.0.0.1", .nproc = 2,
+                          .min_nodes = FORMING, .max_nodes = FORMING, .lease_ttl_s = 5,
+                          .last_call_ms = 500, .join_timeout_ms = 30000, .max_restarts = 3};
+    for (int i = 0; i < FORMING; i++) {
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    ck_assert_int_eq(pthread_create(&t[0], NULL, join_main, &j[0]), 0);
+    TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[0].z)), 10000,
+                    "the first agent to register did not become round 0's closer");
+    ck_assert_int_eq(pthread_create(&t[1], NULL, join_main, &j[1]), 0);
+    ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[1].z), node, sizeof(node)),
+                     RG_OK);
+    TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "the second agent did not register");
+    for (int i = 2; i < FORMING; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+    for (int i = 0; i < FORMING; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert_int_eq(j[i].a.n_members, FORMING);
+    }
+    rg_etcd_stats_t s0, s1;
+    rg_rdzv_stats(j[0].z, &s0);
+    rg_rdzv_stats(j[1].z, &s1);
+    /* The closer saw the others register; the second saw the round close (and perhaps the
+     * closer key, once): with every node key sent to it, it got 10 more. */
+    ck_assert_uint_ge(s0.events, FORMING - 2);
+    ck_assert_msg(s1.events <= 3, "the second agent got %llu events",
+                  (unsigned long long)s1.events);
+    leave_all(j, FORMING);
+    rg_etcd_destroy(cli);
+    free(j);
+}
+END_TEST
+
+/* The closer of a forming round leaves: an agent registered in the round takes its place
+ * (its key went with its lease), and the round closes with the others. */
+START_TEST(test_closer_lost_while_forming)
+{
+    joiner_t j[4] = {{0}};
+    pthread_t t[4];
+    char job[64];
+    char closer[RDZV_KEY_MAX];
+    char node[RDZV_KEY_MAX];
+    rdzv_keys_t keys;
+    rg_etcd_t *cli = test_client();
+    int pfd[2];
+
+    ck_assert_int_eq(pipe(pfd), 0);
+    snprintf(job, sizeof(job), "closer-%d", (int)getpid());
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    ck_assert_int_eq(rdzv_keys_closer(&keys, 0, closer, sizeof(closer)), RG_OK);
+    rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                          .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 3,
+                          .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
+                          .join_timeout_ms = 30000, .max_restarts = 3};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    /* The first joins with a cancel fd, becomes the closer, then stops joining and leaves. */
+    cancel_join_t first = {.z = j[0].z, .fd = pfd[0]};
+    ck_assert_int_eq(pthread_create(&t[0], NULL, cancel_join_main, &first), 0);
+    TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[0].z)), 10000,
+                    "the first agent did not become round 0's closer");
+    ck_assert_int_eq(pthread_create(&t[1], NULL, join_main, &j[1]), 0);
+    ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[1].z), node, sizeof(node)),
+                     RG_OK);
+    TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "the second agent did not register");
+    ck_assert_int_eq(write(pfd[1], "x", 1), 1);
+    ck_assert_int_eq(pthread_join(t[0], NULL), 0);
+    ck_assert_int_eq(first.st, RG_ECANCELED);
+    ck_assert_int_eq(rg_rdzv_leave(j[0].z), RG_OK);
+    rg_rdzv_destroy(j[0].z);
+    j[0].z = NULL;
+    /* Before anyone else registers: the one registered takes the round over. */
+    TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[1].z)), 10000,
+                    "the agent registered in round 0 did not take its closer's place");
+    for (int i = 2; i < 4; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+    for (int i = 1; i < 4; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert_int_eq(j[i].a.round, 0);
+        ck_assert_int_eq(j[i].a.n_members, 3);
+        ck_assert_int_lt(rdzv_assignment_find(&j[i].a, first.agent), 0);
+    }
+    leave_all(j, 4);
+    close(pfd[0]);
+    close(pfd[1]);
+    rg_etcd_destroy(cli);
 }
 END_TEST
 
@@ -776,6 +943,8 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_other_layouts_refused);
     tcase_add_test(tc, test_agents_are_not_sent_progress);
     tcase_add_test(tc, test_lost_member_seen_without_events);
+    tcase_add_test(tc, test_waiting_agents_are_not_sent_nodes);
+    tcase_add_test(tc, test_closer_lost_while_forming);
     suite_add_tcase(s, tc);
     return s;
 }

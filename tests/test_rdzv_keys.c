@@ -90,33 +90,68 @@ END_TEST
 /* The agents watch [prefix, prefix "workers/"): every key they act on sorts before the end
  * (or an agent would miss it), every key workers write sorts after it (or every agent would
  * be sent it), with round and agent ids at their largest. */
+static bool in_range(const char *key, const rdzv_range_t *r)
+{
+    return strcmp(key, r->key) >= 0 && strcmp(key, r->end) < 0;
+}
+
+/* Which of an agent's watches a key falls in: 'J' the job's two ranges, 'R' round r's own
+ * records (every agent of the round), 'N' round r's nodes/ (its closer and running members
+ * only), '-' none; checked against the builders with the largest rounds and ids. */
+static char watched_by(const rdzv_keys_t *k, int64_t r, const char *key)
+{
+    rdzv_range_t job[2], own, all;
+    CK_OK(rdzv_keys_watch_job(k, job));
+    CK_OK(rdzv_keys_watch_round(k, r, false, &own));
+    CK_OK(rdzv_keys_watch_round(k, r, true, &all));
+    ck_assert(!(in_range(key, &job[0]) && in_range(key, &job[1])));
+    if (in_range(key, &job[0]) || in_range(key, &job[1])) {
+        ck_assert_msg(!in_range(key, &all), "%s", key);
+        return 'J';
+    }
+    if (in_range(key, &own)) {
+        ck_assert_msg(in_range(key, &all), "%s", key);
+        return 'R';
+    }
+    return in_range(key, &all) ? 'N' : '-';
+}
+
 START_TEST(test_keys_agents_watch_theirs_only)
 {
     rdzv_keys_t k = job("job-1");
-    char end[RDZV_KEY_MAX];
     char b[RDZV_KEY_MAX];
     const char *big = "zzzz-4294967295-ffffffff";
-    const int64_t r = RDZV_ROUND_MAX;
-    CK_OK(rdzv_keys_workers_prefix(&k, end, sizeof(end)));
-#define AGENTS_SEE(call) do { CK_OK(call); ck_assert_msg(strcmp(b, end) < 0, "%s", b); } while (0)
-#define AGENTS_SKIP(call) do { CK_OK(call); ck_assert_msg(strncmp(b, end, strlen(end)) == 0, \
-                                                         "%s", b); } while (0)
-    AGENTS_SEE(rdzv_keys_round(&k, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_layout(&k, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_restart(&k, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_node(&k, r, big, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_closed(&k, r, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_done(&k, r, big, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_leaving(&k, r, big, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_waiting(&k, big, b, sizeof(b)));
-    AGENTS_SEE(rdzv_keys_failure(&k, r, big, b, sizeof(b)));
-    AGENTS_SKIP(rdzv_keys_progress(&k, 0, b, sizeof(b)));
-    AGENTS_SKIP(rdzv_keys_restored(&k, b, sizeof(b)));
-    AGENTS_SKIP(rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
-    AGENTS_SKIP(rdzv_keys_comm_prefix(&k, 0, b, sizeof(b)));
-    AGENTS_SKIP(rdzv_keys_workers_round_prefix(&k, 0, b, sizeof(b)));
-#undef AGENTS_SEE
-#undef AGENTS_SKIP
+    const int64_t rounds[] = {0, 1, 10, 19, RDZV_ROUND_MAX};
+#define SEEN(what, call) do { CK_OK(call); ck_assert_msg(watched_by(&k, r, b) == (what), \
+                                                         "%s: %c", b, watched_by(&k, r, b)); \
+                         } while (0)
+    for (size_t i = 0; i < sizeof(rounds) / sizeof(rounds[0]); i++) {
+        int64_t r = rounds[i];
+        SEEN('J', rdzv_keys_round(&k, b, sizeof(b)));
+        SEEN('J', rdzv_keys_layout(&k, b, sizeof(b)));
+        SEEN('J', rdzv_keys_restart(&k, b, sizeof(b)));
+        SEEN('J', rdzv_keys_waiting(&k, big, b, sizeof(b)));
+        SEEN('J', rdzv_keys_failure(&k, r, big, b, sizeof(b)));
+        SEEN('R', rdzv_keys_closed(&k, r, b, sizeof(b)));
+        SEEN('R', rdzv_keys_closer(&k, r, b, sizeof(b)));
+        SEEN('R', rdzv_keys_done(&k, r, big, b, sizeof(b)));
+        SEEN('R', rdzv_keys_leaving(&k, r, big, b, sizeof(b)));
+        SEEN('N', rdzv_keys_node(&k, r, big, b, sizeof(b)));
+        SEEN('N', rdzv_keys_node(&k, r, "", b, sizeof(b)));
+        /* other rounds' keys, whose numbers share digits with r's */
+        SEEN('-', rdzv_keys_node(&k, r * 10 + 1, big, b, sizeof(b)));
+        SEEN('-', rdzv_keys_closed(&k, r + 1, b, sizeof(b)));
+        if (r > 0) {
+            SEEN('-', rdzv_keys_closed(&k, r / 10, b, sizeof(b)));
+        }
+        /* what workers write: no agent's */
+        SEEN('-', rdzv_keys_progress(&k, 0, b, sizeof(b)));
+        SEEN('-', rdzv_keys_restored(&k, b, sizeof(b)));
+        SEEN('-', rdzv_keys_ckpt_latest(&k, b, sizeof(b)));
+        SEEN('-', rdzv_keys_comm_prefix(&k, r, b, sizeof(b)));
+        SEEN('-', rdzv_keys_workers_round_prefix(&k, r, b, sizeof(b)));
+    }
+#undef SEEN
 }
 END_TEST
 

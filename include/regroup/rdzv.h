@@ -6,8 +6,10 @@
  * here" is attached to it, so a lost agent disappears when its lease expires and an agent
  * that leaves on purpose revokes it and disappears at once.
  *
- * A round r is open until one agent closes it with a compare-and-swap that writes
- * rounds/<r>/closed: at once when max nodes have joined; when min have joined and every
+ * A round r is open until its closer (the first agent to register in it, or, if that one's
+ * lease ends first, the next registered agent to look) closes it with a compare-and-swap that
+ * writes rounds/<r>/closed; the others wait for that key without being sent the others'
+ * registrations: at once when max nodes have joined; when min have joined and every
  * live member of the previous closed round (and every waiting node) has joined; or when min
  * have joined and the last-call window has passed since min was reached. Ranks are stable:
  * members of the previous round keep their order, new nodes come last.
