@@ -507,10 +507,14 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
             *done = true;
             return RG_OK;
         }
-        /* A round whose every other member finished: the job is over, without us. (A member
-         * too: the others can finish only in a group before this round's, which this agent's
-         * workers were not in, when a lost lease sent it back to join.) */
-        if (round_done(z, r, out)) {
+        /* A round whose every other member finished: the job is over, without us. So too for
+         * a member that ran this round already (a lost lease sent it back to join it), and
+         * in place for any member (the others can finish only in a group before this
+         * round's, which this agent's workers were not in). A member of a restart-mode round
+         * it has not run yet runs it: its peers' workers can finish before its own start
+         * (workers that need no peer), and that ends nothing for this node. */
+        bool over_for_members = z->p.in_place || z->last_round >= r;
+        if ((out->group_rank < 0 || over_for_members) && round_done(z, r, out)) {
             member_done(z, r, out);
             out->job_done = true;
             *done = true;

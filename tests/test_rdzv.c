@@ -928,6 +928,54 @@ START_TEST(test_closer_lost_while_forming)
 }
 END_TEST
 
+/* Restart mode: a member that looks at its new round only after the others' workers ran it
+ * and finished (workers that need no peer; a loaded machine) runs it all the same. Seen in
+ * test_launcher's c10d test under the sanitizers: one of two agents never started its
+ * worker, its join having said the job was over. */
+START_TEST(test_member_runs_a_round_its_peers_finished_first)
+{
+    joiner_t j[2] = {{0}};
+    cancel_join_t c[2] = {{0}};
+    pthread_t t[2];
+    char job[64];
+    char node[RDZV_KEY_MAX];
+    rdzv_keys_t keys;
+    rg_etcd_t *cli = test_client();
+    int pfd[2][2];
+
+    snprintf(job, sizeof(job), "first-%d", (int)getpid());
+    ck_assert_int_eq(rdzv_keys_init(&keys, job), RG_OK);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(pipe(pfd[i]), 0);
+        j[i].z = handle(job, 1);
+        c[i] = (cancel_join_t){.z = j[i].z, .fd = pfd[i][0]};
+        /* Each registers, then stops looking before the round can close. */
+        ck_assert_int_eq(pthread_create(&t[i], NULL, cancel_join_main, &c[i]), 0);
+        ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[i].z), node,
+                                        sizeof(node)), RG_OK);
+        TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "agent %d did not register", i);
+        ck_assert_int_eq(write(pfd[i][1], "x", 1), 1);
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_int_eq(c[i].st, RG_ECANCELED);
+    }
+    /* The first comes back, closes the round, runs it and finishes; then the second looks. */
+    ck_assert_msg(rg_rdzv_join(j[0].z, -1, &j[0].a) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(j[0].a.n_members, 2);
+    ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
+    ck_assert_msg(rg_rdzv_join(j[1].z, -1, &j[1].a) == RG_OK, "%s", rg_last_error());
+    ck_assert_int_eq(j[1].a.round, 0);
+    ck_assert_int_ge(j[1].a.group_rank, 0);
+    ck_assert_msg(!j[1].a.job_done, "the second member was told the job is over");
+    ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
+    leave_all(j, 2);
+    for (int i = 0; i < 2; i++) {
+        close(pfd[i][0]);
+        close(pfd[i][1]);
+    }
+    rg_etcd_destroy(cli);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -945,6 +993,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_lost_member_seen_without_events);
     tcase_add_test(tc, test_waiting_agents_are_not_sent_nodes);
     tcase_add_test(tc, test_closer_lost_while_forming);
+    tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
     suite_add_tcase(s, tc);
     return s;
 }
