@@ -108,6 +108,10 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
         *change = RG_RDZV_LEASE_LOST;
         return RG_OK;
     }
+    if (z->running && z->member_watch_rev > 0) {
+        rdzv_watch_round(z, z->cur.round, true, false, z->member_watch_rev);
+        z->member_watch_rev = 0;
+    }
     /* Events say when to look; a look at least every RDZV_VERIFY_MS bounds the damage of an
      * event that never arrives (one small read per second). */
     bool full = rdzv_watch_drain(z) || z->verify;

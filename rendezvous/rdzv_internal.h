@@ -46,6 +46,7 @@
 #define RDZV_BACK_ROUNDS 16     /* how far back to look for the last closed round */
 #define RDZV_RETRY_MS    200
 #define RDZV_VERIFY_MS   1000
+#define RDZV_WATCH_AHEAD_NS (20 * 1000000ull)   /* a look this soon comes before a new watch */
 
 /* ---- the close policy (rdzv_close.c): no etcd, no clock ---------------------------------- */
 
@@ -133,6 +134,7 @@ struct rg_rdzv {
     int              registered_round;
     int              closer_round;          /* the round we hold the closer key of, -1 */
     int64_t          look_rev;              /* revision of the join's last look */
+    int64_t          member_watch_rev;      /* > 0: check watches the round from there */
     bool             waiting;
     bool             hold_running;    /* rg_rdzv_set_join_running: RG_EAGAIN before waiting */
     bool             verify;                /* read the state at the next check */

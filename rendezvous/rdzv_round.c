@@ -626,9 +626,11 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         if (st == RG_OK && done) {
             break;
         }
-        if (st == RG_OK) {
+        if (st == RG_OK && (wake_ns == 0 || wake_ns > rg_now_ns() + RDZV_WATCH_AHEAD_NS)) {
             /* What to be woken by until the next look: the round's close, and its nodes for
-             * its closer (from just after this look, so that nothing falls between). */
+             * its closer (from just after this look, so that nothing falls between). Made
+             * only before a wait: a watch takes a round trip to make, and a look due at once
+             * (just registered, just closed) goes first. */
             bool closer = z->closer_round == r && z->registered_round == r;
             rdzv_watch_round(z, r, closer, closer, z->look_rev + 1);
         }
@@ -670,8 +672,9 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
         z->last_round = out->round;
         z->last_rank = out->group_rank;
         /* A member watches its round's nodes/ (a member lost is a key deleted), not the
-         * round before it; from the look that found the round closed. */
-        rdzv_watch_round(z, out->round, true, false, z->look_rev + 1);
+         * round before it, from the look that found the round closed: the first check
+         * makes that watch, so that the agent starts its workers first. */
+        z->member_watch_rev = z->look_rev + 1;
         z->verify = true;   /* events drained while joining may concern this round */
         z->nodes_seen_rev = 0;   /* and its first look lists its nodes */
         z->n_leaving = 0;   /* the last round's leaving members are not this one's */
