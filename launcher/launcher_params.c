@@ -5,6 +5,7 @@
  */
 #include "launcher.h"
 #include "launcher_notice.h"
+#include "rdzv_keys.h"   /* rdzv_addr_ok: what the rendezvous takes as a node's address */
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -283,10 +284,17 @@ rg_status_t rg_agent_params_check(const rg_agent_params_t *p)
 {
     if (p->min_nodes < 1 || p->max_nodes < 1 || p->min_nodes > RG_RDZV_MAX_NODES ||
         p->max_nodes > RG_RDZV_MAX_NODES) {
-        return BAD(RG_AGENT_NNODES, "expected N or MIN:MAX with 1 <= N <= 256");
+        return BAD(RG_AGENT_NNODES, "expected N or MIN:MAX with 1 <= N <= %d",
+                   RG_RDZV_MAX_NODES);
     }
     if (p->min_nodes > p->max_nodes) {
         return BAD(RG_AGENT_NNODES, "MIN is larger than MAX");
+    }
+    if (p->local_addr[0] != '\0' && !rdzv_addr_ok(p->local_addr, p->max_nodes)) {
+        /* The closed record of a round holds every node's address in one etcd value. */
+        return BAD(RG_AGENT_LOCAL_ADDR, "expected a host name or IP address of 1 to %zu "
+                   "characters of A-Z a-z 0-9 . _ : %% - [ ] (with up to %d nodes)",
+                   rdzv_addr_max(p->max_nodes), p->max_nodes);
     }
     if (p->nproc < 1 || p->nproc > LAUNCHER_MAX_NPROC) {
         return BAD(RG_AGENT_NPROC, "expected a number of workers from 1 to 256");

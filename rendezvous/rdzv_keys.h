@@ -190,6 +190,15 @@ rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t 
  * value is not a JSON object). */
 rg_status_t rdzv_rec_closed_encode(const rg_rdzv_assignment_t *a, double time, char **text_p)
     RG_NODISCARD;
+/* The most a closed record may take: one etcd request (--max-request-bytes, 1.5 MiB by
+ * default) less room for the txn around it. A record of max_nodes members fits when every
+ * member's address has at most rdzv_addr_max(max_nodes) bytes (agent ids have at most
+ * RG_RDZV_ID_MAX - 1, and neither needs JSON escapes); rg_rdzv_create checks its own. */
+#define RDZV_CLOSED_MAX (1536 * 1024 - 64 * 1024)
+size_t rdzv_addr_max(int max_nodes);
+/* Whether addr can be a node's address in a job of max_nodes: 1..rdzv_addr_max(max_nodes)
+ * characters of a host name or an IP address ([A-Za-z0-9._:%-], and [ ] around IPv6). */
+bool rdzv_addr_ok(const char *addr, int max_nodes);
 rg_status_t rdzv_rec_closed_decode(const char *v, size_t len, int64_t r,
                                    rg_rdzv_assignment_t *a) RG_NODISCARD;
 rg_status_t rdzv_rec_closed_time(const char *v, size_t len, double *time) RG_NODISCARD;

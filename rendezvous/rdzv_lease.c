@@ -202,6 +202,16 @@ rg_status_t rg_rdzv_create(const rg_rdzv_params_t *params, rg_rdzv_t **rdzv_p)
                         "<= %d and nproc >= 1", params->min_nodes, params->max_nodes,
                         RG_RDZV_MAX_NODES);
     }
+    const char *addr = params->addr ? params->addr : "127.0.0.1";
+    if (!rdzv_addr_ok(addr, params->max_nodes)) {
+        return rg_error(RG_EINVAL, "rendezvous: node address '%.300s' must be 1-%zu characters "
+                        "of a host name or IP address ([A-Za-z0-9._:%%-], [ ] around IPv6)%s",
+                        addr, rdzv_addr_max(params->max_nodes),
+                        rdzv_addr_max(params->max_nodes) < RG_RDZV_ADDR_MAX - 1
+                            ? ": with this many nodes at most, the closed record of a round "
+                              "(every node's id and address) must fit one etcd request"
+                            : "");
+    }
     z = calloc(1, sizeof(*z));
     if (z == NULL) {
         return rg_error(RG_ENOMEM, "rendezvous");

@@ -218,6 +218,35 @@ rg_status_t rdzv_rec_waiting_decode(const char *v, size_t len, rg_rdzv_member_t 
 
 /* ---- closed record --------------------------------------------------------------------- */
 
+/* A member's entry without its two strings: {"agent":"","addr":"","nproc":4096}, and a comma;
+ * and the record's own fields (master_addr included) around the array, with room to spare. */
+#define CLOSED_MEMBER_FIXED 36
+#define CLOSED_HEAD_MAX     1024
+
+size_t rdzv_addr_max(int max_nodes)
+{
+    size_t n = (size_t)RG_MAX(max_nodes, 1);
+    size_t per = (RDZV_CLOSED_MAX - CLOSED_HEAD_MAX) / n;
+    size_t fixed = CLOSED_MEMBER_FIXED + (RG_RDZV_ID_MAX - 1);
+    return per <= fixed ? 0 : RG_MIN(per - fixed, (size_t)RG_RDZV_ADDR_MAX - 1);
+}
+
+bool rdzv_addr_ok(const char *addr, int max_nodes)
+{
+    size_t n = addr ? strlen(addr) : 0;
+    if (n == 0 || n > rdzv_addr_max(max_nodes)) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = addr[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("._:%-[]", c) != NULL)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 rg_status_t rdzv_rec_closed_encode(const rg_rdzv_assignment_t *a, double time, char **text_p)
 {
     json_t *members = json_array();

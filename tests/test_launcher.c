@@ -860,6 +860,17 @@ START_TEST(test_preload_bad_input)
                              sizeof(out)), 2);
     ck_assert_msg(strstr(out, "option -c is not one a fork server can pass on") != NULL, "%s",
                   out);
+    /* A node address the closed record of a round could not hold. */
+    ck_assert_int_eq(run_cmd("--standalone --local-addr=a\"b x.py", out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "expected a host name or IP address of 1 to 255 characters") !=
+                  NULL, "%s", out);
+    char longer[300];
+    char cmd[400];
+    memset(longer, 'a', 240);
+    longer[240] = '\0';
+    snprintf(cmd, sizeof(cmd), "--nnodes=1:4096 --local-addr=%s x.py", longer);
+    ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 2);
+    ck_assert_msg(strstr(out, "of 1 to 236 characters") != NULL, "%s", out);
     ck_assert_int_eq(run_cmd("--standalone --preload=torch;rm /usr/bin/python3 x.py", out,
                              sizeof(out)), 2);
     ck_assert_msg(strstr(out, "expected module names separated by commas") != NULL, "%s", out);

@@ -228,9 +228,10 @@ START_TEST(test_malformed_slurm_values_name_the_variable)
                "regroup: SLURM_STEP_NUM_NODES=two: expected Slurm's node count");
     assert_bad("SLURM_STEP_NUM_NODES", "0",
                "regroup: SLURM_STEP_NUM_NODES=0: expected Slurm's node count");
-    /* Past 256 nodes: rg_agent_params_check's, which names the variable as well. */
-    assert_bad2("SLURM_STEP_NUM_NODES", "300", "SLURM_STEP_NUM_TASKS", "300",
-                "regroup: SLURM_STEP_NUM_NODES=300: expected N or MIN:MAX with 1 <= N <= 256");
+    /* Past 4096 nodes: rg_agent_params_check's, which names the variable as well. */
+    assert_bad2("SLURM_STEP_NUM_NODES", "5000", "SLURM_STEP_NUM_TASKS", "5000",
+                "regroup: SLURM_STEP_NUM_NODES=5000: expected N or MIN:MAX with 1 <= N <= "
+                "4096");
     assert_bad("SLURM_STEP_NUM_TASKS", "4x", "regroup: SLURM_STEP_NUM_TASKS=4x: expected");
     /* Several agents a node: srun --ntasks-per-node=1 is wanted. */
     assert_bad("SLURM_STEP_NUM_TASKS", "16", "srun started 16 tasks on 2 nodes");

@@ -331,6 +331,66 @@ START_TEST(test_failure_waits_for_a_dying_member)
 }
 END_TEST
 
+/* The policy at the most nodes a job takes: every member of the previous round but one comes
+ * back (listed in the reverse of their order), two newcomers want the one seat left; the
+ * survivors keep their order and the newcomer that registered first gets the seat. */
+static rdzv_node_rec_t many[RG_RDZV_MAX_NODES + 1];
+
+START_TEST(test_at_the_most_nodes)
+{
+    rdzv_close_out_t out;
+    rg_rdzv_assignment_t *prev = calloc(1, sizeof(*prev));
+    const int max = RG_RDZV_MAX_NODES;
+    const int lost = 17;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(prev);
+    prev->round = 5;
+    for (int rank = max - 1; rank >= 0; rank--) {
+        if (rank == lost) {
+            continue;
+        }
+        rdzv_node_rec_t *d = &many[n++];
+        snprintf(d->agent, sizeof(d->agent), "p%04d", rank);
+        snprintf(d->addr, sizeof(d->addr), "10.%d.%d.1", rank / 256, rank % 256);
+        d->nproc = 8;
+        d->prev_round = 5;
+        d->prev_rank = rank;
+        d->create_rev = 1000 + n;
+    }
+    for (int i = 0; i < 2; i++) {
+        rdzv_node_rec_t *d = &many[n++];
+        snprintf(d->agent, sizeof(d->agent), "new%d", i);
+        snprintf(d->addr, sizeof(d->addr), "10.99.0.%d", i);
+        d->nproc = 8;
+        d->prev_round = -1;
+        d->prev_rank = -1;
+        d->create_rev = i == 0 ? 9000 : 500;   /* new1 registered first */
+    }
+    ck_assert_int_eq(n, max + 1);
+    rdzv_close_in_t in = input(0, 1, max);
+    in.nodes = many;
+    in.n_nodes = n;
+    in.prev = prev;
+    in.n_expected = -1;
+    in.now_ns = in.last_call_ms * MS + 1;
+    in.min_reached_ns = 1;
+    memset(&closed, 0x5a, sizeof(closed));
+    rdzv_close_plan(&in, &out, &closed);
+    ck_assert_int_eq(out.verdict, RDZV_CLOSE_NOW);
+    ck_assert_int_eq(closed.n_members, max);
+    ck_assert_int_eq(closed.world_size, 8 * max);
+    for (int i = 0; i < max - 1; i++) {
+        char want[16];
+        snprintf(want, sizeof(want), "p%04d", i < lost ? i : i + 1);
+        ck_assert_str_eq(closed.members[i].agent, want);
+    }
+    ck_assert_str_eq(closed.members[max - 1].agent, "new1");
+    ck_assert_str_eq(closed.master_addr, "10.0.0.1");
+    free(prev);
+}
+END_TEST
+
 static Suite *rdzv_close_suite(void)
 {
     Suite *s = suite_create("rdzv_close");
@@ -344,6 +404,7 @@ static Suite *rdzv_close_suite(void)
     tcase_add_test(tc, test_restarts);
     tcase_add_test(tc, test_failure_with_loss_excused);
     tcase_add_test(tc, test_failure_waits_for_a_dying_member);
+    tcase_add_test(tc, test_at_the_most_nodes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -35,7 +35,10 @@
 extern "C" {
 #endif
 
-#define RG_RDZV_MAX_NODES 256
+/* A job's most nodes. The closed record of a round lists every member (id and address) in one
+ * etcd value, so the larger max_nodes, the shorter a node's address may be: 255 characters up
+ * to 1024 nodes, 236 at 4096 (rg_rdzv_create refuses a longer one). */
+#define RG_RDZV_MAX_NODES 4096
 #define RG_RDZV_ID_MAX    96
 #define RG_RDZV_ADDR_MAX  256
 
