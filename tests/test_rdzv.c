@@ -976,6 +976,74 @@ START_TEST(test_member_runs_a_round_its_peers_finished_first)
 }
 END_TEST
 
+/* The largest closed record the rendezvous writes (4096 members, the longest ids and
+ * addresses) goes through a real etcd at its default request limit: written by a txn as a
+ * close writes it, read back, and sent whole to a watch of the round. */
+START_TEST(test_closed_record_at_the_maximum_in_etcd)
+{
+    rg_rdzv_assignment_t *a = calloc(1, sizeof(*a));
+    rg_rdzv_assignment_t *d = calloc(1, sizeof(*d));
+    rg_etcd_t *cli = test_client();
+    rdzv_keys_t keys;
+    rdzv_range_t own;
+    char key[RDZV_KEY_MAX];
+    char *text = NULL;
+    size_t addr_len = rdzv_addr_max(RG_RDZV_MAX_NODES);
+
+    ck_assert(a != NULL && d != NULL);
+    a->n_members = RG_RDZV_MAX_NODES;
+    for (int i = 0; i < RG_RDZV_MAX_NODES; i++) {
+        rg_rdzv_member_t *m = &a->members[i];
+        memset(m->agent, 'h', RG_RDZV_ID_MAX - 1);
+        snprintf(m->agent + RG_RDZV_ID_MAX - 15, 15, "-%05d-%07x", i, (unsigned)i);
+        memset(m->addr, 'a', addr_len);
+        m->addr[addr_len] = '\0';
+        m->nproc = 8;
+    }
+    memset(a->master_addr, 'a', RG_RDZV_ADDR_MAX - 1);
+    a->master_port = 65535;
+    ck_assert_int_eq(rdzv_rec_closed_encode(a, 1764580000.5, &text), RG_OK);
+    size_t len = strlen(text);
+    ck_assert_uint_gt(len, RDZV_CLOSED_MAX - 64 * 1024);
+    ck_assert_int_eq(rdzv_keys_init(&keys, "bigrecord"), RG_OK);
+    ck_assert_int_eq(rdzv_keys_closed(&keys, 0, key, sizeof(key)), RG_OK);
+    ck_assert_int_eq(rdzv_keys_watch_round(&keys, 0, false, &own), RG_OK);
+    rg_etcd_params_t ep = {.endpoints = etcd.srv.endpoints, .timeout_ms = 10000};
+    rg_etcd_watch_req_t wr = {.key = own.key, .range_end = own.end};
+    rg_etcd_watch_t *w = NULL;
+    ck_assert_msg(rg_etcd_watch_create(&ep, &wr, 0, &w) == RG_OK, "%s", rg_last_error());
+    rg_etcd_cmp_t c = {.key = key, .target = RG_ETCD_CMP_CREATE, .result = RG_ETCD_EQUAL};
+    rg_etcd_op_t op = {.type = RG_ETCD_OP_PUT, .u.put = {.key = key, .value = text,
+                                                         .value_len = len}};
+    rg_etcd_txn_t t;
+    ck_assert_msg(rg_etcd_txn(cli, &c, 1, &op, 1, NULL, 0, 0, &t) == RG_OK, "%s",
+                  rg_last_error());
+    ck_assert(t.succeeded);
+    rg_etcd_txn_cleanup(&t);
+    char *v = NULL;
+    size_t vlen = 0;
+    ck_assert_int_eq(rg_etcd_get(cli, key, 0, &v, &vlen, NULL), RG_OK);
+    ck_assert_uint_eq(vlen, len);
+    ck_assert_int_eq(rdzv_rec_closed_decode(v, vlen, 0, d), RG_OK);
+    ck_assert_int_eq(d->n_members, RG_RDZV_MAX_NODES);
+    ck_assert_str_eq(d->members[RG_RDZV_MAX_NODES - 1].agent,
+                     a->members[RG_RDZV_MAX_NODES - 1].agent);
+    rg_etcd_event_t ev;
+    ck_assert_msg(rg_etcd_watch_next(w, rg_deadline_in_ms(10000), &ev, NULL) == RG_OK, "%s",
+                  rg_last_error());
+    ck_assert_str_eq(ev.kv.key, key);
+    ck_assert_uint_eq(ev.kv.value_len, len);
+    ck_assert(memcmp(ev.kv.value, text, len) == 0);
+    rg_etcd_event_cleanup(&ev);
+    rg_etcd_watch_destroy(w);
+    free(v);
+    free(text);
+    free(d);
+    free(a);
+    rg_etcd_destroy(cli);
+}
+END_TEST
+
 static Suite *rdzv_suite(void)
 {
     Suite *s = suite_create("rdzv");
@@ -994,6 +1062,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_waiting_agents_are_not_sent_nodes);
     tcase_add_test(tc, test_closer_lost_while_forming);
     tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
+    tcase_add_test(tc, test_closed_record_at_the_maximum_in_etcd);
     suite_add_tcase(s, tc);
     return s;
 }
