@@ -88,6 +88,24 @@ static void leave_all(joiner_t *j, int n)
     }
 }
 
+/* Starts the joins of j[from..to) on threads t[from..to). */
+static void join_start(joiner_t *j, pthread_t *t, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    }
+}
+
+/* Waits for the joins of j[from..to): each must have joined a round of `members` nodes. */
+static void join_wait(joiner_t *j, pthread_t *t, int from, int to, int members)
+{
+    for (int i = from; i < to; i++) {
+        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
+        ck_assert_int_eq(j[i].a.n_members, members);
+    }
+}
+
 /* Both handles join concurrently; both must come back with the same closed round. */
 static void join_both(joiner_t *j)
 {
@@ -223,14 +241,8 @@ START_TEST(test_member_whose_peers_finished_without_it)
                               .join_timeout_ms = 30000, .max_restarts = 3};
         ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
     }
-    for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
-    }
-    for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
-        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
-        ck_assert_int_eq(j[i].a.n_members, 3);
-    }
+    join_start(j, t, 0, 3);
+    join_wait(j, t, 0, 3, 3);
     ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
     ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
     for (int i = 0; i < 2; i++) {
@@ -817,6 +829,17 @@ static rg_etcd_t *test_client(void)
     return cli;
 }
 
+/* Starts the join of *j on *t and waits until it has registered in round 0. */
+static void join_registered(rg_etcd_t *cli, const rdzv_keys_t *keys, joiner_t *j, pthread_t *t)
+{
+    char node[RDZV_KEY_MAX];
+    ck_assert_int_eq(pthread_create(t, NULL, join_main, j), 0);
+    ck_assert_int_eq(rdzv_keys_node(keys, 0, rg_rdzv_agent_id(j->z), node, sizeof(node)),
+                     RG_OK);
+    TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "agent %s did not register",
+                    rg_rdzv_agent_id(j->z));
+}
+
 #define FORMING 12
 
 /* While a round forms, only its closer (the first to register) is sent its node keys: an
@@ -827,7 +850,6 @@ START_TEST(test_waiting_agents_are_not_sent_nodes)
     pthread_t t[FORMING];
     char job[64];
     char closer[RDZV_KEY_MAX];
-    char node[RDZV_KEY_MAX];
     rdzv_keys_t keys;
     rg_etcd_t *cli = test_client();
 
@@ -845,18 +867,9 @@ START_TEST(test_waiting_agents_are_not_sent_nodes)
     ck_assert_int_eq(pthread_create(&t[0], NULL, join_main, &j[0]), 0);
     TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[0].z)), 10000,
                     "the first agent to register did not become round 0's closer");
-    ck_assert_int_eq(pthread_create(&t[1], NULL, join_main, &j[1]), 0);
-    ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[1].z), node, sizeof(node)),
-                     RG_OK);
-    TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "the second agent did not register");
-    for (int i = 2; i < FORMING; i++) {
-        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
-    }
-    for (int i = 0; i < FORMING; i++) {
-        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
-        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
-        ck_assert_int_eq(j[i].a.n_members, FORMING);
-    }
+    join_registered(cli, &keys, &j[1], &t[1]);
+    join_start(j, t, 2, FORMING);
+    join_wait(j, t, 0, FORMING, FORMING);
     rg_etcd_stats_t s0, s1;
     rg_rdzv_stats(j[0].z, &s0);
     rg_rdzv_stats(j[1].z, &s1);
@@ -879,7 +892,6 @@ START_TEST(test_closer_lost_while_forming)
     pthread_t t[4];
     char job[64];
     char closer[RDZV_KEY_MAX];
-    char node[RDZV_KEY_MAX];
     rdzv_keys_t keys;
     rg_etcd_t *cli = test_client();
     int pfd[2];
@@ -900,10 +912,7 @@ START_TEST(test_closer_lost_while_forming)
     ck_assert_int_eq(pthread_create(&t[0], NULL, cancel_join_main, &first), 0);
     TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[0].z)), 10000,
                     "the first agent did not become round 0's closer");
-    ck_assert_int_eq(pthread_create(&t[1], NULL, join_main, &j[1]), 0);
-    ck_assert_int_eq(rdzv_keys_node(&keys, 0, rg_rdzv_agent_id(j[1].z), node, sizeof(node)),
-                     RG_OK);
-    TEST_WAIT_UNTIL(key_exists(cli, node), 10000, "the second agent did not register");
+    join_registered(cli, &keys, &j[1], &t[1]);
     ck_assert_int_eq(write(pfd[1], "x", 1), 1);
     ck_assert_int_eq(pthread_join(t[0], NULL), 0);
     ck_assert_int_eq(first.st, RG_ECANCELED);
@@ -913,14 +922,10 @@ START_TEST(test_closer_lost_while_forming)
     /* Before anyone else registers: the one registered takes the round over. */
     TEST_WAIT_UNTIL(key_is(cli, closer, rg_rdzv_agent_id(j[1].z)), 10000,
                     "the agent registered in round 0 did not take its closer's place");
-    for (int i = 2; i < 4; i++) {
-        ck_assert_int_eq(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
-    }
+    join_start(j, t, 2, 4);
+    join_wait(j, t, 1, 4, 3);
     for (int i = 1; i < 4; i++) {
-        ck_assert_int_eq(pthread_join(t[i], NULL), 0);
-        ck_assert_msg(j[i].st == RG_OK, "join %d: %s", i, rg_status_str(j[i].st));
         ck_assert_int_eq(j[i].a.round, 0);
-        ck_assert_int_eq(j[i].a.n_members, 3);
         ck_assert_int_lt(rdzv_assignment_find(&j[i].a, first.agent), 0);
     }
     leave_all(j, 4);
