@@ -2,7 +2,8 @@
 # Installs the Debian packages regroup needs to build, test and run its examples.
 # Idempotent: installs only what is missing, and runs `apt-get update` only then.
 #   scripts/setup.sh           build, test and example dependencies
-#   scripts/setup.sh --bench   also the reference implementations the benchmarks compare with
+#   scripts/setup.sh --bench   also the reference implementations the benchmarks compare with,
+#                              and matplotlib for the plots in docs/ (bench/plot_rdzv.py)
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config clang
@@ -14,7 +15,7 @@ pkgs=(build-essential cmake pkg-config clang
       libtorch-dev python3-dev pybind11-dev
       slurmctld slurmd slurm-client munge)
 if [[ "${1:-}" == "--bench" ]]; then
-    pkgs+=(openmpi-bin libopenmpi-dev)
+    pkgs+=(openmpi-bin libopenmpi-dev python3-matplotlib)
 fi
 
 missing=()
