@@ -83,7 +83,14 @@ static rg_status_t watch_start(rg_rdzv_t *z, rdzv_watch_slot_t *ws, int64_t star
 {
     rg_etcd_watch_req_t wr = {.key = ws->range.key, .range_end = ws->range.end,
                               .start_revision = start_rev};
-    rg_status_t st = rg_etcd_watch_create(&z->p.etcd, &wr, 0, &ws->w);
+    /* Not the client's whole timeout: a join or a check makes watches as it goes (a round's,
+     * the closer's), and the look every RDZV_VERIFY_MS covers for one not made yet, so a
+     * slow etcd member costs a look at most this, and the next drain tries again. */
+    rg_deadline_t confirm = rg_deadline_in_ms(RG_MIN(RDZV_VERIFY_MS,
+                                                     z->p.etcd.timeout_ms > 0
+                                                         ? z->p.etcd.timeout_ms
+                                                         : RDZV_VERIFY_MS));
+    rg_status_t st = rg_etcd_watch_create(&z->p.etcd, &wr, confirm, &ws->w);
     if (st != RG_OK) {
         ws->w = NULL;
         return st;

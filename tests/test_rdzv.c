@@ -781,6 +781,7 @@ START_TEST(test_agents_are_not_sent_progress)
     ck_assert_int_eq(rg_etcd_put_str(cli, marker, "", 0, 0, &marker_rev), RG_OK);
     rg_rdzv_change_t c;
     TEST_WAIT_UNTIL(rg_rdzv_check(j[0].z, &c) == RG_OK && c == RG_RDZV_NONE &&
+                    j[0].z->watches[RDZV_W_ROUND].w != NULL &&
                     rg_etcd_watch_revision(j[0].z->watches[RDZV_W_ROUND].w) >= marker_rev,
                     10000, "the round's watch did not get to the marker");
     rg_etcd_stats_t s0;
