@@ -272,6 +272,12 @@ static rg_status_t register_node(rg_rdzv_t *z, int r)
     return RG_OK;
 }
 
+/* Whether this agent closes round r: it registered in it and holds its closer key. */
+static bool closes(const rg_rdzv_t *z, int r)
+{
+    return z->registered_round == r && z->closer_round == r;
+}
+
 /* Round r has no closer (the first to register lost its lease): this registered agent takes
  * over, if it is still registered and nobody else did first. */
 static rg_status_t take_closer(rg_rdzv_t *z, int r)
@@ -438,7 +444,7 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
     char nodes_key[RDZV_KEY_MAX];
     char prev_done[RDZV_KEY_MAX];
     rg_etcd_txn_t t;
-    bool closer = z->registered_round == r && z->closer_round == r;
+    bool closer = closes(z, r);
     int n = -1;   /* node keys of round r: listed by the closer, else counted when needed */
     bool closed = false;
     bool has_closer = false;
@@ -577,20 +583,12 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
 /* The join deadline passed: say how far round r got. */
 static rg_status_t join_timed_out(rg_rdzv_t *z, int r)
 {
-    char key[RDZV_KEY_MAX];
-    int64_t n = 0;
+    int n = 0;
 
-    if (rdzv_keys_nodes_prefix(&z->keys, r, key, sizeof(key)) == RG_OK) {
-        rg_etcd_range_req_t rq = {.key = key, .prefix = true, .count_only = true};
-        rg_etcd_range_t res;
-        if (rg_etcd_range(z->etcd, &rq, 0, &res) == RG_OK) {
-            n = res.count;
-            rg_etcd_range_cleanup(&res);
-        }
-    }
+    (void)nodes_count(z, r, &n);   /* 0 if etcd cannot say: the timeout is the error */
     return rg_error(RG_ETIMEDOUT, "rendezvous: round %d of job %s did not close within the join "
-                    "timeout (%lld ms): %lld of min %d nodes joined%s", r, z->job,
-                    (long long)z->p.join_timeout_ms, (long long)n, z->p.min_nodes,
+                    "timeout (%lld ms): %d of min %d nodes joined%s", r, z->job,
+                    (long long)z->p.join_timeout_ms, n, z->p.min_nodes,
                     z->waiting ? " (this node was waiting)" : "");
 }
 
@@ -631,8 +629,7 @@ rg_status_t rg_rdzv_join(rg_rdzv_t *z, int cancel_fd, rg_rdzv_assignment_t *out)
              * its closer (from just after this look, so that nothing falls between). Made
              * only before a wait: a watch takes a round trip to make, and a look due at once
              * (just registered, just closed) goes first. */
-            bool closer = z->closer_round == r && z->registered_round == r;
-            rdzv_watch_round(z, r, closer, closer, z->look_rev + 1);
+            rdzv_watch_round(z, r, closes(z, r), closes(z, r), z->look_rev + 1);
         }
         if (st == RG_EAGAIN) {
             return st;   /* the running round in *out (rg_rdzv_set_join_running) */
