@@ -505,7 +505,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
             static const char *const why[] = {"", "a worker failed on another node",
                                               "a node was lost", "a node is waiting to join",
                                               "another agent opened a new round",
-                                              "this agent's lease was lost"};
+                                              "this agent's lease was lost",
+                                              "the other members finished the job"};
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_JOIN_PENDING) {
                 /* A node that waits to join below the maximum size (in place, one whose
                  * newcomers could not join): fresh workers that hold no state, so the job
@@ -516,7 +517,9 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                         asg->round, why[change]);
                 return inplace_restart(ag, "a node joins");
             }
-            if (ag->ip.enabled && !lv.own && change == RG_RDZV_MEMBER_LOST) {
+            if (ag->ip.enabled && !lv.own &&
+                (change == RG_RDZV_MEMBER_LOST || change == RG_RDZV_OTHERS_DONE)) {
+                /* (the others finished: the next round's join says the job is over) */
                 return inplace_change(ag, asg, why[change], false);
             }
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_NEW_ROUND) {

@@ -31,6 +31,26 @@ static bool member_lost(rg_rdzv_t *z, int r, const char *agent, const rg_etcd_ra
     return !rdzv_range_has(nodes, nk) && !rdzv_range_has(done, dk);
 }
 
+bool rdzv_others_done(const rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a,
+                      const rg_etcd_range_t *done)
+{
+    int self = rdzv_assignment_find(a, z->agent);
+    int others = 0;
+
+    for (int i = 0; i < a->n_members; i++) {
+        char dk[RDZV_KEY_MAX];
+        if (i == self) {
+            continue;
+        }
+        if (rdzv_keys_done(&z->keys, r, a->members[i].agent, dk, sizeof(dk)) != RG_OK ||
+            !rdzv_range_has(done, dk)) {
+            return false;
+        }
+        others++;
+    }
+    return others > 0;
+}
+
 /* This agent's fence for the round it runs (rdzv_fence.h). */
 static rg_status_t agent_fence(const rg_rdzv_t *z, rdzv_fence_t *f)
 {
@@ -186,6 +206,15 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
                 rg_info("rendezvous: member %s of round %d is gone", agent, r);
                 *change = RG_RDZV_MEMBER_LOST;
             }
+        }
+        if (*change == RG_RDZV_NONE && full && z->p.in_place &&
+            rdzv_others_done(z, r, &z->cur, &t.results[CK_DONE_OR_NEW].u.range)) {
+            /* In place, the others' workers can finish the job in the group before this
+             * round, this node's workers waiting for them in this one: nothing ends the
+             * round but this. (In restart mode this node's workers run on: they end on
+             * their own, or fail without their peers.) */
+            rg_info("rendezvous: every other member of round %d finished", r);
+            *change = RG_RDZV_OTHERS_DONE;
         }
         if (*change == RG_RDZV_NONE && t.results[CK_WAIT].u.range.count > 0 &&
             z->cur.n_members < z->p.max_nodes) {

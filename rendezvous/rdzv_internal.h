@@ -194,5 +194,9 @@ void        rdzv_leaving_note(rg_rdzv_t *z, const rg_etcd_range_t *r);
 
 /* rdzv_check.c: true if key is in r's keys. */
 bool rdzv_range_has(const rg_etcd_range_t *r, const char *key);
+/* Whether every member of closed round r (assignment a) but this agent has a done record in
+ * done (a keys range of the round's done/ prefix); false for a round of this agent alone. */
+bool rdzv_others_done(const rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a,
+                      const rg_etcd_range_t *done);
 
 #endif

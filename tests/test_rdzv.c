@@ -984,6 +984,47 @@ START_TEST(test_member_runs_a_round_its_peers_finished_first)
 }
 END_TEST
 
+/* In place, an agent's workers can wait in the group of a round whose other members'
+ * workers finished the job in the group before it: their agents record done under the new
+ * round and leave. Its check must say so, and the next round's join that the job is over;
+ * before, nothing ended the round and the agent ran until it was killed
+ * (chaos_partition_in_place, 120 s after the others had finished). */
+START_TEST(test_running_member_whose_peers_finished)
+{
+    joiner_t j[3] = {{0}};
+    pthread_t t[3];
+    char job[64];
+
+    snprintf(job, sizeof(job), "peersdone-%d", (int)getpid());
+    for (int i = 0; i < 3; i++) {
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 1,
+                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
+                              .join_timeout_ms = 30000, .max_restarts = 3, .in_place = true};
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    join_start(j, t, 0, 3);
+    join_wait(j, t, 0, 3, 3);
+    rg_rdzv_change_t c = RG_RDZV_NONE;
+    ck_assert_int_eq(rg_rdzv_check(j[2].z, &c), RG_OK);
+    ck_assert_int_eq(c, RG_RDZV_NONE);
+    /* One finished: the round goes on for the other two. */
+    ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
+    ck_assert_int_eq(rg_rdzv_check(j[2].z, &c), RG_OK);
+    ck_assert_int_eq(c, RG_RDZV_NONE);
+    ck_assert_int_eq(rg_rdzv_done(j[1].z), RG_OK);
+    leave_all(j, 2);
+    ck_assert_int_eq(wait_change(j[2].z), RG_RDZV_OTHERS_DONE);
+    ck_assert_int_eq(rg_rdzv_next_round(j[2].z), RG_OK);
+    uint64_t t0 = rg_now_ns();
+    ck_assert_msg(rg_rdzv_join(j[2].z, -1, &j[2].a) == RG_OK, "%s", rg_last_error());
+    ck_assert(j[2].a.job_done);
+    ck_assert_int_eq(j[2].a.round, 0);
+    ck_assert_uint_lt(rg_now_ns() - t0, 10000000000ull);
+    leave_all(j, 3);
+}
+END_TEST
+
 /* The largest closed record the rendezvous writes (4096 members, the longest ids and
  * addresses) goes through a real etcd at its default request limit: written by a txn as a
  * close writes it, read back, and sent whole to a watch of the round. */
@@ -1070,6 +1111,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_waiting_agents_are_not_sent_nodes);
     tcase_add_test(tc, test_closer_lost_while_forming);
     tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
+    tcase_add_test(tc, test_running_member_whose_peers_finished);
     tcase_add_test(tc, test_closed_record_at_the_maximum_in_etcd);
     suite_add_tcase(s, tc);
     return s;

@@ -91,6 +91,8 @@ typedef enum {
     RG_RDZV_JOIN_PENDING,   /* a node waits to join and the job is below max */
     RG_RDZV_NEW_ROUND,      /* another agent opened the next round */
     RG_RDZV_LEASE_LOST,     /* this agent's own lease is gone */
+    RG_RDZV_OTHERS_DONE,    /* in place: every other member of the round finished the job
+                             * (in the group before it, without this node's workers) */
 } rg_rdzv_change_t;
 
 typedef struct rg_rdzv rg_rdzv_t;
