@@ -38,6 +38,8 @@ typedef enum {
     ROUND_LEFT,         /* this node left on purpose (a preemption notice, SIGTERM) */
     ROUND_ERROR,        /* the agent cannot go on */
     ROUND_IN_PLACE,     /* in place: join the next round keeping the workers */
+    ROUND_JOB_DONE,     /* in place: the other members finished the job without this node's
+                           workers */
 } round_end_t;
 
 typedef struct {
@@ -153,6 +155,24 @@ static round_end_t inplace_change(agent_t *ag, const rg_rdzv_assignment_t *asg,
         rg_notice_post(&ag->notice, RG_NOTICE_KIND_MEMBERS, asg->round + 1, 0, why);
     }
     return ROUND_IN_PLACE;
+}
+
+/* In place, every other member of the round finished the job (rg_rdzv_check's
+ * RG_RDZV_OTHERS_DONE): this node's workers may be finishing it with them, or waiting for a
+ * group of this round that they will never have (the others finished in the group before
+ * it). The grace period to end on their own, then they are stopped: the node is done. */
+static round_end_t others_done(agent_t *ag, const rg_rdzv_assignment_t *asg)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    rg_info("round %d: every other member finished the job; this node's workers have %lld ms "
+            "to end", asg->round, (long long)cfg->grace_ms);
+    (void)launcher_workers_wait(&ag->ws, cfg->grace_ms);
+    bool all_ok = ag->ws.running == 0;
+    for (int i = 0; i < ag->ws.n && all_ok; i++) {
+        all_ok = WIFEXITED(ag->ws.w[i].wstatus) && WEXITSTATUS(ag->ws.w[i].wstatus) == 0;
+    }
+    launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);   /* closes pipes and logs */
+    return all_ok ? ROUND_SUCCEEDED : ROUND_JOB_DONE;
 }
 
 /* In place: every worker that failed is reported (counted as a restart by the next round)
@@ -517,9 +537,10 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                         asg->round, why[change]);
                 return inplace_restart(ag, "a node joins");
             }
-            if (ag->ip.enabled && !lv.own &&
-                (change == RG_RDZV_MEMBER_LOST || change == RG_RDZV_OTHERS_DONE)) {
-                /* (the others finished: the next round's join says the job is over) */
+            if (ag->ip.enabled && !lv.own && change == RG_RDZV_OTHERS_DONE) {
+                return others_done(ag, asg);
+            }
+            if (ag->ip.enabled && !lv.own && change == RG_RDZV_MEMBER_LOST) {
                 return inplace_change(ag, asg, why[change], false);
             }
             if (ag->ip.enabled && !lv.own && change == RG_RDZV_NEW_ROUND) {
@@ -720,12 +741,16 @@ static rg_status_t agent_loop(agent_t *ag)
         if (resume) {
             continue;
         }
-        if (end == ROUND_SUCCEEDED) {
-            st = rg_rdzv_done(ag->rdzv);
+        if (end == ROUND_SUCCEEDED || end == ROUND_JOB_DONE) {
+            st = rg_rdzv_done(ag->rdzv);   /* a member of the round: for any latecomer */
             if (st != RG_OK) {
                 rg_warn("cannot record completion: %s", rg_last_error());
             }
-            rg_info("workers finished successfully");
+            if (end == ROUND_JOB_DONE) {
+                fprintf(stderr, "regroup: the job finished without this node\n");
+            } else {
+                rg_info("workers finished successfully");
+            }
             st = RG_OK;
             break;
         }
