@@ -31,26 +31,6 @@ static bool member_lost(rg_rdzv_t *z, int r, const char *agent, const rg_etcd_ra
     return !rdzv_range_has(nodes, nk) && !rdzv_range_has(done, dk);
 }
 
-bool rdzv_others_done(const rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a,
-                      const rg_etcd_range_t *done)
-{
-    int self = rdzv_assignment_find(a, z->agent);
-    int others = 0;
-
-    for (int i = 0; i < a->n_members; i++) {
-        char dk[RDZV_KEY_MAX];
-        if (i == self) {
-            continue;
-        }
-        if (rdzv_keys_done(&z->keys, r, a->members[i].agent, dk, sizeof(dk)) != RG_OK ||
-            !rdzv_range_has(done, dk)) {
-            return false;
-        }
-        others++;
-    }
-    return others > 0;
-}
-
 /* This agent's fence for the round it runs (rdzv_fence.h). */
 static rg_status_t agent_fence(const rg_rdzv_t *z, rdzv_fence_t *f)
 {
@@ -63,25 +43,68 @@ typedef struct {
     char fail[RDZV_KEY_MAX];
     char nodes[RDZV_KEY_MAX];
     char done[RDZV_KEY_MAX];
+    char self_done[RDZV_KEY_MAX];
     char wait[RDZV_KEY_MAX];
     char leave[RDZV_KEY_MAX];
+    char gone_node[RDZV_GONE_MAX][RDZV_KEY_MAX];
+    char gone_done[RDZV_GONE_MAX][RDZV_KEY_MAX];
 } check_keys_t;
 
-enum { CK_ROUND, CK_FAIL, CK_NODES, CK_DONE_OR_NEW, CK_WAIT, CK_LEAVE, CK_N };
+enum { CK_ROUND, CK_FAIL, CK_NODES, CK_DONE_OR_NEW, CK_DONES, CK_SELF_DONE, CK_WAIT, CK_LEAVE,
+       CK_N };
+/* then, in a look that is not full, each member named gone: its node key, its done key */
+#define CK_GONE(i, done) (CK_N + 2 * (i) + ((done) ? 1 : 0))
+
+static rg_status_t check_keys(const rg_rdzv_t *z, int r, check_keys_t *k)
+{
+    /* In place, a failure marker only counts the restart (the agent that replaced its
+     * worker opens the next round); a restart request ends the round for everyone. */
+    rg_status_t st = rdzv_keys_round(&z->keys, k->round, sizeof(k->round));
+    if (st == RG_OK) {
+        st = z->p.in_place ? rdzv_keys_restart(&z->keys, k->fail, sizeof(k->fail))
+                           : rdzv_keys_failures_round_prefix(&z->keys, r, k->fail,
+                                                             sizeof(k->fail));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_nodes_prefix(&z->keys, r, k->nodes, sizeof(k->nodes));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_done_prefix(&z->keys, r, k->done, sizeof(k->done));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_done(&z->keys, r, z->agent, k->self_done, sizeof(k->self_done));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_waiting_prefix(&z->keys, k->wait, sizeof(k->wait));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_leaving_prefix(&z->keys, r, k->leave, sizeof(k->leave));
+    }
+    for (int i = 0; i < z->n_gone && i < RDZV_GONE_MAX && st == RG_OK; i++) {
+        st = rdzv_keys_node(&z->keys, r, z->gone[i], k->gone_node[i], sizeof(k->gone_node[i]));
+        if (st == RG_OK) {
+            st = rdzv_keys_done(&z->keys, r, z->gone[i], k->gone_done[i],
+                                sizeof(k->gone_done[i]));
+        }
+    }
+    return st;
+}
 
 /*
- * One read of everything that can end round r. A full look reads the round's node and done
- * keys, to find which member is gone. A quick look, the once-a-second one when no event came,
- * reads instead how many node keys there are and whether any was written since the last full
- * look (at most one key back): the same count and none written means none was deleted
- * either, so no member can be gone. That keeps the look's answer O(1) in the job's size;
- * with the node keys in every agent's look each second, etcd sent N² keys a second (7.5 MB a
- * second at 256 nodes, docs/benchmarks.md).
+ * One read of everything that can end round r. A full look lists the round's node and done
+ * keys, to find which member is gone. Any other look, the once-a-second one when no event
+ * came and the one after events, reads instead how many node keys there are and whether any
+ * was written since the last full look (at most one key back), and the node and done keys
+ * of the members whose node keys the watch saw deleted (z->gone): the count less those
+ * deleted, and none written, means no other member went, so no full listing is needed.
+ * That keeps each agent's look O(1) in the job's size, after a member is lost too; with the
+ * node keys in every agent's look each second, etcd sent N² keys a second (7.5 MB a second
+ * at 256 nodes, docs/benchmarks.md), and a full look by every agent after a loss N² once.
  */
 static rg_status_t check_read(rg_rdzv_t *z, const check_keys_t *k, bool full,
                               rg_etcd_txn_t *t)
 {
-    rg_etcd_op_t ops[CK_N] = {
+    rg_etcd_op_t ops[CK_N + 2 * RDZV_GONE_MAX] = {
         [CK_ROUND] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->round}},
         [CK_FAIL] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->fail,
                                                            .prefix = !z->p.in_place,
@@ -97,29 +120,79 @@ static rg_status_t check_read(rg_rdzv_t *z, const check_keys_t *k, bool full,
                                                              .keys_only = true, .limit = 1,
                                                              .min_mod_revision =
                                                                  z->nodes_seen_rev + 1}},
+        [CK_DONES] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->done, .prefix = true,
+                                                            .count_only = true}},
+        [CK_SELF_DONE] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->self_done,
+                                                                .count_only = true}},
         [CK_WAIT] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->wait, .prefix = true,
                                                            .count_only = true}},
         /* not a change by itself: the launcher reads it through rdzv_leaving_seen */
         [CK_LEAVE] = {.type = RG_ETCD_OP_RANGE, .u.range = {.key = k->leave, .prefix = true}},
     };
-    rg_status_t st = rg_etcd_txn(z->etcd, NULL, 0, ops, CK_N, NULL, 0, 0, t);
+    int n_ops = CK_N;
+    for (int i = 0; !full && i < z->n_gone; i++) {
+        ops[CK_GONE(i, false)] = (rg_etcd_op_t){.type = RG_ETCD_OP_RANGE,
+                                                .u.range = {.key = k->gone_node[i],
+                                                            .count_only = true}};
+        ops[CK_GONE(i, true)] = (rg_etcd_op_t){.type = RG_ETCD_OP_RANGE,
+                                               .u.range = {.key = k->gone_done[i],
+                                                           .count_only = true}};
+        n_ops += 2;
+    }
+    rg_status_t st = rg_etcd_txn(z->etcd, NULL, 0, ops, n_ops, NULL, 0, 0, t);
     if (st == RG_OK && full) {
         z->nodes_seen = t->results[CK_NODES].u.range.count;
         z->nodes_seen_rev = t->revision;
+        z->n_full_looks++;
     }
     return st;
 }
 
-/* Whether a quick look says the round's node keys are as the last full look saw them. */
-static bool nodes_unchanged(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
+/* How many of the members named gone have no node key in a look that is not full. */
+static int64_t gone_absent(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
 {
-    return t->results[CK_NODES].u.range.count == z->nodes_seen &&
+    int64_t n = 0;
+    for (int i = 0; i < z->n_gone; i++) {
+        n += t->results[CK_GONE(i, false)].u.range.count == 0;
+    }
+    return n;
+}
+
+/* Whether a look that is not full accounts for the round's node keys: as the last full look
+ * saw them, less the members named gone whose keys are absent, and none written since. */
+static bool nodes_accounted(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
+{
+    return t->results[CK_NODES].u.range.count == z->nodes_seen - gone_absent(z, t) &&
            t->results[CK_DONE_OR_NEW].u.range.n_kvs == 0;
+}
+
+/* Whether a member of the round (an agent of z->cur) is gone without a done record. */
+static bool member_lost_named(const rg_rdzv_t *z, const rg_etcd_txn_t *t, const char **who)
+{
+    for (int i = 0; i < z->n_gone; i++) {
+        if (rdzv_assignment_find(&z->cur, z->gone[i]) >= 0 &&
+            t->results[CK_GONE(i, false)].u.range.count == 0 &&
+            t->results[CK_GONE(i, true)].u.range.count == 0) {
+            *who = z->gone[i];
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether every other member of the running round recorded done (done keys are members'
+ * only: rg_rdzv_done and rdzv_round.c's member_done write them). */
+static bool others_done(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
+{
+    int64_t others = t->results[CK_DONES].u.range.count -
+                     t->results[CK_SELF_DONE].u.range.count;
+    return z->cur.n_members > 1 && others >= z->cur.n_members - 1;
 }
 
 rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
 {
-    check_keys_t k;
+    check_keys_t keys;
+    check_keys_t *k = &keys;
     rg_etcd_txn_t t;
     rg_status_t st;
 
@@ -133,52 +206,53 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
         z->member_watch_rev = 0;
     }
     /* Events say when to look; a look at least every RDZV_VERIFY_MS bounds the damage of an
-     * event that never arrives (one small read per second). */
-    bool full = rdzv_watch_drain(z) || z->verify;
-    if (!full && rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
+     * event that never arrives (one small read per second). What the events were decides
+     * only what the look reads: a watch that ended may have lost some, so the next look
+     * lists the round's keys. */
+    bool events = rdzv_watch_drain(z);
+    if (!events && !z->verify && rg_now_ns() - z->verified_ns < RDZV_VERIFY_MS * 1000000ull) {
         return RG_OK;
     }
+    bool full = z->verify || z->watch_gap || z->n_gone > RDZV_GONE_MAX ||
+                z->nodes_seen_rev == 0;   /* (no full look at this round yet) */
     z->verify = false;
+    z->watch_gap = false;
     z->verified_ns = rg_now_ns();
     if (!z->running) {
+        z->n_gone = 0;
         return RG_OK;
     }
     int r = z->cur.round;
-    st = rdzv_keys_round(&z->keys, k.round, sizeof(k.round));
-    if (st == RG_OK) {
-        /* In place, a failure marker only counts the restart (the agent that replaced its
-         * worker opens the next round); a restart request ends the round for everyone. */
-        st = z->p.in_place ? rdzv_keys_restart(&z->keys, k.fail, sizeof(k.fail))
-                           : rdzv_keys_failures_round_prefix(&z->keys, r, k.fail,
-                                                             sizeof(k.fail));
+    if (full) {
+        z->n_gone = 0;   /* the listing covers them */
     }
-    if (st == RG_OK) {
-        st = rdzv_keys_nodes_prefix(&z->keys, r, k.nodes, sizeof(k.nodes));
-    }
-    if (st == RG_OK) {
-        st = rdzv_keys_done_prefix(&z->keys, r, k.done, sizeof(k.done));
-    }
-    if (st == RG_OK) {
-        st = rdzv_keys_waiting_prefix(&z->keys, k.wait, sizeof(k.wait));
-    }
-    if (st == RG_OK) {
-        st = rdzv_keys_leaving_prefix(&z->keys, r, k.leave, sizeof(k.leave));
-    }
+    st = check_keys(z, r, k);
     if (st != RG_OK) {
         return st;
     }
-    full = full || z->nodes_seen_rev == 0;   /* no full look at this round yet */
     z->n_quick_looks += !full;
-    st = check_read(z, &k, full, &t);
-    if (st == RG_OK && !full && !nodes_unchanged(z, &t)) {
-        /* A node key went or came: look at which. */
+    st = check_read(z, k, full, &t);
+    bool accounted = st == RG_OK && (full || nodes_accounted(z, &t));
+    if (st == RG_OK && !accounted) {
+        /* A node key went or came that no event named: look at which. */
         rg_etcd_txn_cleanup(&t);
         full = true;
-        st = check_read(z, &k, true, &t);
+        st = check_read(z, k, true, &t);
     }
     if (st != RG_OK) {
         return st;
     }
+    const char *named = NULL;
+    if (!full && z->n_gone > 0) {
+        bool lost = member_lost_named(z, &t, &named);
+        /* The keys are known again at this revision: the next looks count from it. */
+        z->nodes_seen = t.results[CK_NODES].u.range.count;
+        z->nodes_seen_rev = t.revision;
+        if (!lost) {
+            named = NULL;
+        }
+    }
+    z->n_gone = 0;
     rdzv_leaving_note(z, &t.results[CK_LEAVE].u.range);
     const rg_etcd_range_t *round = &t.results[CK_ROUND].u.range;
     int64_t now_round = 0;
@@ -199,6 +273,10 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     } else if (!z->p.in_place && rq->count > 0) {
         *change = RG_RDZV_FAILURE;
     } else {
+        if (named != NULL) {
+            rg_info("rendezvous: member %s of round %d is gone", named, r);
+            *change = RG_RDZV_MEMBER_LOST;
+        }
         for (int i = 0; full && i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
             const char *agent = z->cur.members[i].agent;
             if (member_lost(z, r, agent, &t.results[CK_NODES].u.range,
@@ -207,8 +285,7 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
                 *change = RG_RDZV_MEMBER_LOST;
             }
         }
-        if (*change == RG_RDZV_NONE && full && z->p.in_place &&
-            rdzv_others_done(z, r, &z->cur, &t.results[CK_DONE_OR_NEW].u.range)) {
+        if (*change == RG_RDZV_NONE && z->p.in_place && others_done(z, &t)) {
             /* In place, the others' workers can finish the job in the group before this
              * round, this node's workers waiting for them in this one: nothing ends the
              * round but this. (In restart mode this node's workers run on: they end on

@@ -47,6 +47,7 @@
 #define RDZV_RETRY_MS    200
 #define RDZV_VERIFY_MS   1000
 #define RDZV_WATCH_AHEAD_NS (20 * 1000000ull)   /* a look this soon comes before a new watch */
+#define RDZV_GONE_MAX    8      /* members a look reads by name (their node keys deleted) */
 
 /* ---- the close policy (rdzv_close.c): no etcd, no clock ---------------------------------- */
 
@@ -142,6 +143,14 @@ struct rg_rdzv {
     int64_t          nodes_seen;            /* node keys of the round at check's last full */
     int64_t          nodes_seen_rev;        /* look, and its revision (0: none yet) */
     uint64_t         n_quick_looks;         /* check's looks that began without listing them */
+    uint64_t         n_full_looks;          /* and those that listed them */
+    /* Members of the running round whose node keys the watch saw deleted since check's last
+     * look (more than RDZV_GONE_MAX: the next look lists them all): that look reads their
+     * keys by name instead of the round's. And whether a watch ended or was made again
+     * since (events may have been lost: the next look lists the round's keys). */
+    char             gone[RDZV_GONE_MAX][RG_RDZV_ID_MAX];
+    int              n_gone;
+    bool             watch_gap;
     /* scratch of one look at a round: too large for a stack, and the handle's own */
     rdzv_node_rec_t  nodes[RDZV_LIST_MAX];
     const char      *expected[RDZV_EXPECT_MAX];
@@ -194,9 +203,5 @@ void        rdzv_leaving_note(rg_rdzv_t *z, const rg_etcd_range_t *r);
 
 /* rdzv_check.c: true if key is in r's keys. */
 bool rdzv_range_has(const rg_etcd_range_t *r, const char *key);
-/* Whether every member of closed round r (assignment a) but this agent has a done record in
- * done (a keys range of the round's done/ prefix); false for a round of this agent alone. */
-bool rdzv_others_done(const rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a,
-                      const rg_etcd_range_t *done);
 
 #endif

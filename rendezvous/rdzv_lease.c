@@ -139,6 +139,30 @@ void rdzv_watch_round(rg_rdzv_t *z, int r, bool nodes, bool prev_too, int64_t st
     rdzv_watch_set(z, RDZV_W_PREV, have_prev ? &prev : NULL, start_rev);
 }
 
+/* A node key of the running round deleted: its agent is named for check's next look. */
+static void note_gone(rg_rdzv_t *z, int slot, const rg_etcd_event_t *ev)
+{
+    char nodes[RDZV_KEY_MAX];
+    const char *agent;
+
+    if (slot != RDZV_W_ROUND || !z->running || ev->type != RG_ETCD_EVENT_DELETE ||
+        ev->kv.mod_revision <= z->nodes_seen_rev || z->n_gone > RDZV_GONE_MAX ||
+        rdzv_keys_nodes_prefix(&z->keys, z->cur.round, nodes, sizeof(nodes)) != RG_OK ||
+        (agent = rdzv_keys_tail(ev->kv.key, nodes)) == NULL) {
+        return;
+    }
+    for (int i = 0; i < z->n_gone; i++) {
+        if (strcmp(z->gone[i], agent) == 0) {
+            return;
+        }
+    }
+    if (z->n_gone == RDZV_GONE_MAX || strlen(agent) >= sizeof(z->gone[0])) {
+        z->n_gone = RDZV_GONE_MAX + 1;   /* too many to name: the next look lists them */
+        return;
+    }
+    snprintf(z->gone[z->n_gone++], sizeof(z->gone[0]), "%s", agent);
+}
+
 bool rdzv_watch_drain(rg_rdzv_t *z)
 {
     bool relevant = false;
@@ -155,6 +179,7 @@ bool rdzv_watch_drain(rg_rdzv_t *z)
         while (st == RG_OK &&
                (st = rg_etcd_watch_next(ws->w, RG_DEADLINE_POLL, &ev, NULL)) == RG_OK) {
             relevant = true;   /* the watches hold only what agents act on */
+            note_gone(z, i, &ev);
             rg_debug("rendezvous: event %s %s at %lld", ev.type == RG_ETCD_EVENT_PUT ? "put"
                      : "delete", ev.kv.key, (long long)ev.kv.mod_revision);
             rg_etcd_event_cleanup(&ev);
@@ -167,6 +192,7 @@ bool rdzv_watch_drain(rg_rdzv_t *z)
                         rg_last_error());
                 watch_stop(z, ws);
             }
+            z->watch_gap = true;   /* what it missed: the next look lists the round's keys */
             if (refused || watch_start(z, ws, 0) != RG_OK) {
                 if (!refused) {
                     rg_warn("rendezvous: cannot watch %s (%s); reading its state every "

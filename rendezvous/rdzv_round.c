@@ -362,20 +362,32 @@ static rg_status_t register_waiting(rg_rdzv_t *z)
 
 /* True if every member of closed round r recorded that its workers finished, this agent
  * aside (it asks because it is not done: in place, the others' workers can finish the job in
- * the group before round r, while this node's newcomers wait to join them in it). */
+ * the group before round r, while this node's newcomers wait to join them in it). At least
+ * one other member must have finished: a round of this agent alone says nothing. */
 static bool round_done(rg_rdzv_t *z, int r, const rg_rdzv_assignment_t *a)
 {
     char key[RDZV_KEY_MAX];
     rg_etcd_range_t res;
     rg_etcd_range_req_t rq = {.key = key, .prefix = true, .keys_only = true};
+    bool all = true;
+    int others = 0;
+    int self = rdzv_assignment_find(a, z->agent);
 
     if (rdzv_keys_done_prefix(&z->keys, r, key, sizeof(key)) != RG_OK ||
         rg_etcd_range(z->etcd, &rq, 0, &res) != RG_OK) {
         return false;
     }
-    bool all = rdzv_others_done(z, r, a, &res);
+    for (int i = 0; i < a->n_members && all; i++) {
+        char dk[RDZV_KEY_MAX];
+        if (i == self) {
+            continue;
+        }
+        others++;
+        all = rdzv_keys_done(&z->keys, r, a->members[i].agent, dk, sizeof(dk)) == RG_OK &&
+              rdzv_range_has(&res, dk);
+    }
     rg_etcd_range_cleanup(&res);
-    return all;
+    return all && others > 0;
 }
 
 /* The job ended without this member of round r's workers: its own done record, so that the

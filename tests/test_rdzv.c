@@ -1025,6 +1025,55 @@ START_TEST(test_running_member_whose_peers_finished)
 }
 END_TEST
 
+/* A member lost is found from the deleted node key its watch names: each other member reads
+ * that member's node and done keys, not the round's N node keys (N² bytes from etcd after
+ * every loss). The full listing stays for what no event names (test_lost_member_seen_
+ * without_events). */
+START_TEST(test_lost_member_named_by_its_event)
+{
+    enum { N = 5 };
+    joiner_t j[N] = {{0}};
+    pthread_t t[N];
+    char job[64];
+    uint64_t full0[N];
+
+    snprintf(job, sizeof(job), "named-%d", (int)getpid());
+    for (int i = 0; i < N; i++) {
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = N,
+                              .max_nodes = N, .lease_ttl_s = 5, .last_call_ms = 500,
+                              .join_timeout_ms = 30000, .max_restarts = 3};
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    join_start(j, t, 0, N);
+    join_wait(j, t, 0, N, N);
+    for (int i = 1; i < N; i++) {
+        /* The first check lists the round and makes the member's watch of it. */
+        rg_rdzv_change_t c = RG_RDZV_NONE;
+        rg_deadline_t d = rg_deadline_in_ms(10000);
+        do {
+            ck_assert_int_eq(rg_rdzv_check(j[i].z, &c), RG_OK);
+            ck_assert_int_eq(c, RG_RDZV_NONE);
+        } while ((j[i].z->watches[RDZV_W_ROUND].w == NULL || j[i].z->watch_gap) &&
+                 !rg_deadline_passed(d) && (rg_sleep_ms(20), true));
+        ck_assert_ptr_nonnull(j[i].z->watches[RDZV_W_ROUND].w);
+        ck_assert_uint_ge(j[i].z->n_full_looks, 1);
+        full0[i] = j[i].z->n_full_looks;
+    }
+    char lost[RG_RDZV_ID_MAX];
+    snprintf(lost, sizeof(lost), "%s", rg_rdzv_agent_id(j[0].z));
+    leave_all(j, 1);
+    for (int i = 1; i < N; i++) {
+        ck_assert_int_eq(wait_change(j[i].z), RG_RDZV_MEMBER_LOST);
+        ck_assert_msg(j[i].z->n_full_looks == full0[i],
+                      "member %d listed the round's keys to find %s (%llu full looks, %llu "
+                      "before)", i, lost, (unsigned long long)j[i].z->n_full_looks,
+                      (unsigned long long)full0[i]);
+    }
+    leave_all(j, N);
+}
+END_TEST
+
 /* The largest closed record the rendezvous writes (4096 members, the longest ids and
  * addresses) goes through a real etcd at its default request limit: written by a txn as a
  * close writes it, read back, and sent whole to a watch of the round. */
@@ -1112,6 +1161,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_closer_lost_while_forming);
     tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
     tcase_add_test(tc, test_running_member_whose_peers_finished);
+    tcase_add_test(tc, test_lost_member_named_by_its_event);
     tcase_add_test(tc, test_closed_record_at_the_maximum_in_etcd);
     suite_add_tcase(s, tc);
     return s;
