@@ -243,6 +243,7 @@ int  chaos_agents_reap(chaos_t *c);          /* returns how many exited badly */
 void chaos_agent_wait_gone(chaos_t *c, pid_t pid);   /* blocks up to 30 s */
 void chaos_agents_finish(chaos_t *c);        /* the stop file; waits up to 120 s for the job */
 void chaos_agents_kill(chaos_t *c);          /* SIGKILLs and reaps the agents still alive */
+void chaos_agent_logs_tail(const chaos_t *c); /* every agent's log's last lines, to stderr */
 int  chaos_workers_find(const chaos_t *c, pid_t *out, int max);
 int  chaos_leftover_processes(const chaos_t *c, pid_t *out, int max);
 
@@ -295,6 +296,8 @@ void chaos_check_checkpoints(chaos_t *c);
 void chaos_check_leaks(chaos_t *c);
 void chaos_check_history(chaos_t *c);
 void chaos_check_verdict(chaos_t *c);
+/* The p99 recovery bound of kind k, --bound-scale applied (chaos.h's CHAOS_BOUND_*). */
+double chaos_p99_bound_s(const chaos_t *c, chaos_fault_t k);
 
 /* chaos_report.c */
 void chaos_say(const char *fmt, ...) RG_PRINTF(1, 2);

@@ -166,6 +166,12 @@ static double detect_s(chaos_fault_t k)
     }
 }
 
+double chaos_p99_bound_s(const chaos_t *c, chaos_fault_t k)
+{
+    return c->opt->bound_scale * (RG_MAX(CHAOS_LEASE_TTL_S, detect_s(k)) +
+                                  CHAOS_BOUND_P99_OVER_TTL_S);
+}
+
 /* Kind k's recovery times and whether they keep to its bounds (chaos.h). */
 static void kind_stats(const chaos_t *c, chaos_fault_t k, chaos_kind_stats_t *ks)
 {
@@ -186,7 +192,7 @@ static void kind_stats(const chaos_t *c, chaos_fault_t k, chaos_kind_stats_t *ks
     ks->p50_s = pct(v, n, 0.5);
     ks->p99_s = pct(v, n, 0.99);
     ks->p50_bound_s = scale * (d > 0 ? d + CHAOS_BOUND_P50_AFTER_S : CHAOS_BOUND_P50_AT_ONCE_S);
-    ks->p99_bound_s = scale * (RG_MAX(CHAOS_LEASE_TTL_S, d) + CHAOS_BOUND_P99_OVER_TTL_S);
+    ks->p99_bound_s = chaos_p99_bound_s(c, k);
     ks->p50_judged = n >= CHAOS_BOUND_P50_MIN;
     ks->within = ks->p99_s <= ks->p99_bound_s &&
                  (!ks->p50_judged || ks->p50_s <= ks->p50_bound_s);

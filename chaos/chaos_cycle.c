@@ -198,6 +198,13 @@ static bool cycle_one(chaos_t *c, int i)
     chaos_say("fault %2d %-13s %-32s recovered in %7.3f s (committed %lld, resumed %lld)%s", i,
               chaos_fault_names[kind], r->target, r->recovery_s, (long long)r->committed,
               (long long)r->resumed, back);
+    if (ok && r->recovery_s > chaos_p99_bound_s(c, kind)) {
+        /* The verdict fails it later, when the logs have moved on: what the agents said
+         * while it recovered, now (a slow recovery seen once in CI is otherwise lost). */
+        chaos_say("fault %d recovered past its kind's p99 bound (%.3f s): the agents' logs "
+                  "now", i, chaos_p99_bound_s(c, kind));
+        chaos_agent_logs_tail(c);
+    }
     if (!ok || !rejoined) {
         /* Where it hung: the job's state as etcd holds it. */
         chaos_say("fault %d did not recover%s within %d ms; the job's state:", i,

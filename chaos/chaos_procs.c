@@ -212,8 +212,8 @@ void chaos_agents_finish(chaos_t *c)
     }
 }
 
-/* The last lines of agent id's log, to stderr: why an agent that should have ended did not
- * (the run dir of a CI machine is gone once the run fails). */
+/* The last lines of agent id's log, to stderr: why an agent that should have ended did not,
+ * or why a recovery was slow (the run dir of a CI machine is gone once the run fails). */
 static void agent_log_tail(const chaos_t *c, int id)
 {
     enum { TAIL_BYTES = 6144 };
@@ -237,6 +237,13 @@ static void agent_log_tail(const chaos_t *c, int id)
         text = strchr(buf, '\n') + 1;   /* from the first whole line */
     }
     fprintf(stderr, "---- the end of %s ----\n%s---- (end) ----\n", path, text);
+}
+
+void chaos_agent_logs_tail(const chaos_t *c)
+{
+    for (int id = 0; id < c->procs.n_started; id++) {
+        agent_log_tail(c, id);
+    }
 }
 
 void chaos_agents_kill(chaos_t *c)
