@@ -166,18 +166,24 @@ static bool nodes_accounted(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
            t->results[CK_DONE_OR_NEW].u.range.n_kvs == 0;
 }
 
-/* Whether a member of the round (an agent of z->cur) is gone without a done record. */
-static bool member_lost_named(const rg_rdzv_t *z, const rg_etcd_txn_t *t, const char **who)
+/* A member of round r gone without a done record, or NULL: from the listing of a full look,
+ * else from the keys of the members named gone. */
+static const char *member_gone(rg_rdzv_t *z, int r, const rg_etcd_txn_t *t, bool full)
 {
-    for (int i = 0; i < z->n_gone; i++) {
+    for (int i = 0; full && i < z->cur.n_members; i++) {
+        if (member_lost(z, r, z->cur.members[i].agent, &t->results[CK_NODES].u.range,
+                        &t->results[CK_DONE_OR_NEW].u.range)) {
+            return z->cur.members[i].agent;
+        }
+    }
+    for (int i = 0; !full && i < z->n_gone; i++) {
         if (rdzv_assignment_find(&z->cur, z->gone[i]) >= 0 &&
             t->results[CK_GONE(i, false)].u.range.count == 0 &&
             t->results[CK_GONE(i, true)].u.range.count == 0) {
-            *who = z->gone[i];
-            return true;
+            return z->gone[i];
         }
     }
-    return false;
+    return NULL;
 }
 
 /* Whether every other member of the running round recorded done (done keys are members'
@@ -191,8 +197,7 @@ static bool others_done(const rg_rdzv_t *z, const rg_etcd_txn_t *t)
 
 rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
 {
-    check_keys_t keys;
-    check_keys_t *k = &keys;
+    check_keys_t k;
     rg_etcd_txn_t t;
     rg_status_t st;
 
@@ -226,33 +231,28 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     if (full) {
         z->n_gone = 0;   /* the listing covers them */
     }
-    st = check_keys(z, r, k);
+    st = check_keys(z, r, &k);
     if (st != RG_OK) {
         return st;
     }
     z->n_quick_looks += !full;
-    st = check_read(z, k, full, &t);
+    st = check_read(z, &k, full, &t);
     bool accounted = st == RG_OK && (full || nodes_accounted(z, &t));
     if (st == RG_OK && !accounted) {
         /* A node key went or came that no event named: look at which. */
         rg_etcd_txn_cleanup(&t);
         full = true;
-        st = check_read(z, k, true, &t);
+        st = check_read(z, &k, true, &t);
     }
     if (st != RG_OK) {
         return st;
     }
-    const char *named = NULL;
+    const char *gone = member_gone(z, r, &t, full);
     if (!full && z->n_gone > 0) {
-        bool lost = member_lost_named(z, &t, &named);
         /* The keys are known again at this revision: the next looks count from it. */
         z->nodes_seen = t.results[CK_NODES].u.range.count;
         z->nodes_seen_rev = t.revision;
-        if (!lost) {
-            named = NULL;
-        }
     }
-    z->n_gone = 0;
     rdzv_leaving_note(z, &t.results[CK_LEAVE].u.range);
     const rg_etcd_range_t *round = &t.results[CK_ROUND].u.range;
     int64_t now_round = 0;
@@ -273,17 +273,9 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
     } else if (!z->p.in_place && rq->count > 0) {
         *change = RG_RDZV_FAILURE;
     } else {
-        if (named != NULL) {
-            rg_info("rendezvous: member %s of round %d is gone", named, r);
+        if (gone != NULL) {
+            rg_info("rendezvous: member %s of round %d is gone", gone, r);
             *change = RG_RDZV_MEMBER_LOST;
-        }
-        for (int i = 0; full && i < z->cur.n_members && *change == RG_RDZV_NONE; i++) {
-            const char *agent = z->cur.members[i].agent;
-            if (member_lost(z, r, agent, &t.results[CK_NODES].u.range,
-                            &t.results[CK_DONE_OR_NEW].u.range)) {
-                rg_info("rendezvous: member %s of round %d is gone", agent, r);
-                *change = RG_RDZV_MEMBER_LOST;
-            }
         }
         if (*change == RG_RDZV_NONE && z->p.in_place && others_done(z, &t)) {
             /* In place, the others' workers can finish the job in the group before this
@@ -298,6 +290,7 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
             *change = RG_RDZV_JOIN_PENDING;
         }
     }
+    z->n_gone = 0;   /* this look read them */
     rg_etcd_txn_cleanup(&t);
     return RG_OK;
 }
