@@ -52,6 +52,7 @@ void comm_ctrl_handle(rg_comm_t *comm, size_t len)
     }
     if (type == COMM_CTRL_HELLO) {
         comm->n_hello++;
+        comm->peer_heard[from] = true;
     } else if (type == COMM_CTRL_LEAVE) {
         if (!comm->peer_left[from]) {
             comm->peer_left[from] = true;

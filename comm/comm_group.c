@@ -103,9 +103,11 @@ rg_status_t comm_group_new(int rank, int size, int64_t timeout_ms, rg_comm_spare
     comm->peer_dead = calloc((size_t)size, sizeof(*comm->peer_dead));
     comm->peer_left = calloc((size_t)size, sizeof(*comm->peer_left));
     comm->peer_status = calloc((size_t)size, sizeof(*comm->peer_status));
+    comm->peer_heard = calloc((size_t)size, sizeof(*comm->peer_heard));
     comm->scratch_reqs = calloc((size_t)size, sizeof(*comm->scratch_reqs));
     if (comm->eps == NULL || comm->peers == NULL || comm->peer_dead == NULL ||
-        comm->peer_left == NULL || comm->peer_status == NULL || comm->scratch_reqs == NULL) {
+        comm->peer_left == NULL || comm->peer_status == NULL || comm->peer_heard == NULL ||
+        comm->scratch_reqs == NULL) {
         rg_comm_destroy(comm);
         rg_comm_spare_destroy(spare);
         return rg_error(RG_ENOMEM, "out of memory for a group of %d", size);
@@ -153,6 +155,7 @@ void rg_comm_destroy(rg_comm_t *comm)
     free(comm->peer_dead);
     free(comm->peer_left);
     free(comm->peer_status);
+    free(comm->peer_heard);
     free(comm->scratch_reqs);
     free(comm);
 }

@@ -136,6 +136,8 @@ struct rg_comm {
     int           n_dead_seen;  /* of those, handled by a progress pass */
     int           n_left;
     int           n_hello;      /* hello messages seen while connecting */
+    bool         *peer_heard;   /* [size]: that peer's hello came while connecting */
+    unsigned char *unreached;   /* rg_comm_params_t.unreached, or NULL */
     uint32_t      attempt;      /* the wire-up's try at its prefix (comm_wireup.c) */
     int64_t       wire_ns[4];   /* the wire-up's phases: UCX, addresses, connect, local */
     int           wire_reads;   /* reads of the prefix until every address was there */

@@ -49,6 +49,12 @@ static void comm_ucx_config_defaults(ucp_config_t *config, int size)
          * 2 MiB of send and 4 MiB of receive buffers per worker. */
         {"TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "256K"},
         {"TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "512K"},
+        /* tcp: UCX 1.13 connects blocking by default: ucp_ep_create to a peer that cannot
+         * answer (its node's links cut, its SYNs unanswered) sat in connect() until the
+         * link healed or the kernel gave up (minutes), past every deadline of the wire-up,
+         * and its peers could not give the attempt up. Not blocking, the handshake's
+         * deadline and watch bound it. */
+        {"TCP_CONN_NB", "CONN_NB", "y"},
     };
     char env[64];
     for (size_t i = 0; i < RG_ARRAY_SIZE(names); i++) {
@@ -153,6 +159,60 @@ void comm_ucx_release_address(rg_comm_t *comm, ucp_address_t *addr)
     }
 }
 
+/* Peer p could not be reached while connecting (rg_comm_params_t.unreached). */
+static void comm_unreached(rg_comm_t *comm, int p)
+{
+    if (comm->unreached != NULL) {
+        comm->unreached[p] = 1;
+    }
+}
+
+/* Whether any of reqs[0..n) is still in progress. */
+static bool comm_reqs_pending(void *const *reqs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != NULL && ucp_request_check_status(reqs[i]) == UCS_INPROGRESS) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The handshake's wait: progresses until every request in reqs is done (reqs non-NULL) or,
+ * with reqs NULL, until every peer's hello of round `round` is in or a peer died; bounded by
+ * the deadline. Asks the watch every COMM_WIRE_WATCH_NS whether a peer gave this attempt up:
+ * then a send to it may never complete (a peer cut off: the connection hangs) and its hello
+ * never comes. Frees the requests it waited on. */
+static rg_status_t comm_handshake_wait(rg_comm_t *comm, void **reqs, int round,
+                                       rg_deadline_t deadline, const comm_wire_watch_t *watch,
+                                       uint64_t *next_watch)
+{
+    const int n = comm->size;
+    rg_status_t st = RG_OK;
+    while (!rg_deadline_passed(deadline)) {
+        if (reqs != NULL ? !comm_reqs_pending(reqs, n)
+                         : comm->n_hello >= round * (n - 1) || comm->n_dead > 0) {
+            break;
+        }
+        ucp_worker_progress(comm->worker);
+        comm_ctrl_poll(comm);   /* keeps the control receive posted: no stray messages */
+        if (watch != NULL && rg_now_ns() >= *next_watch) {
+            st = watch->check(watch->arg, deadline);
+            if (st != RG_OK) {
+                break;
+            }
+            *next_watch = rg_now_ns() + COMM_WIRE_WATCH_NS;
+        }
+    }
+    for (int i = 0; reqs != NULL && i < n; i++) {
+        if (reqs[i] != NULL) {
+            ucp_request_free(reqs[i]);
+            reqs[i] = NULL;
+        }
+    }
+    return st;
+}
+
 /*
  * Completes the wire-up of every endpoint now: each rank sends a hello to every peer, waits
  * for every peer's hello and flushes its endpoints. UCX connects lazily otherwise, and in
@@ -170,35 +230,29 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline,
      * replies and acknowledgements have been processed on both sides. */
     for (int round = 1; round <= 2; round++) {
         comm_send_ctrl(comm, COMM_CTRL_HELLO, -1, reqs);
-        comm_wait_reqs(comm, reqs, n, rg_deadline_left_ms(deadline));
-        for (int p = 0; p < n; p++) {
+        rg_status_t st = comm_handshake_wait(comm, reqs, round, deadline, watch, &next_watch);
+        for (int p = 0; p < n && st == RG_OK; p++) {
             reqs[p] = NULL;
             if (comm->eps[p] != NULL) {
                 ucp_request_param_t param = {0};
                 ucs_status_ptr_t r = ucp_ep_flush_nbx(comm->eps[p], &param);
                 if (UCS_PTR_IS_ERR(r)) {
+                    comm_unreached(comm, p);
+                    comm_handshake_wait(comm, reqs, round, rg_deadline_in_ms(0), NULL, NULL);
                     return rg_error(RG_EUNREACH, "connecting to rank %d: flush: %s", p,
                                     ucs_status_string(UCS_PTR_STATUS(r)));
                 }
                 reqs[p] = r;
             }
         }
-        comm_wait_reqs(comm, reqs, n, rg_deadline_left_ms(deadline));
-        /* Bounded by the deadline: progress until every peer's hello is in, asking the
-         * watch now and then whether a peer gave this attempt up (then its hello never
-         * comes). */
-        while (comm->n_hello < round * (n - 1) && !rg_deadline_passed(deadline) &&
-               comm->n_dead == 0) {
-            ucp_worker_progress(comm->worker);
-            comm_ctrl_poll(comm);
-            uint64_t now = rg_now_ns();
-            if (watch != NULL && now >= next_watch) {
-                rg_status_t st = watch->check(watch->arg, deadline);
-                if (st != RG_OK) {
-                    return st;
-                }
-                next_watch = rg_now_ns() + COMM_WIRE_WATCH_NS;
-            }
+        if (st == RG_OK) {
+            st = comm_handshake_wait(comm, reqs, round, deadline, watch, &next_watch);
+        }
+        if (st == RG_OK) {
+            st = comm_handshake_wait(comm, NULL, round, deadline, watch, &next_watch);
+        }
+        if (st != RG_OK) {
+            return st;
         }
     }
     for (int p = 0; p < n; p++) {
@@ -208,6 +262,11 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline,
         }
     }
     if (comm->n_hello < 2 * (n - 1)) {
+        for (int p = 0; p < n; p++) {
+            if (p != comm->rank && !comm->peer_heard[p]) {
+                comm_unreached(comm, p);
+            }
+        }
         return rg_error(RG_ETIMEDOUT, "group of %d: only %d of %d peers answered before the "
                         "deadline", n, comm->n_hello / 2, n - 1);
     }
@@ -217,6 +276,9 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline,
 rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *lens,
                              rg_deadline_t deadline, const comm_wire_watch_t *watch)
 {
+    int n_failed = 0;
+    int first = -1;
+    ucs_status_t first_st = UCS_OK;
     for (int p = 0; p < comm->size; p++) {
         if (p == comm->rank) {
             continue;
@@ -233,10 +295,20 @@ rg_status_t comm_ucx_connect(rg_comm_t *comm, void *const *addrs, const size_t *
         };
         ucs_status_t st = ucp_ep_create(comm->worker, &ep_params, &comm->eps[p]);
         if (st != UCS_OK) {
+            /* The other peers are tried too: whether this rank reaches none of them (its
+             * own links are cut) or one alone is the caller's question. */
             comm->eps[p] = NULL;
-            return rg_error(RG_EUNREACH, "connecting to rank %d: ucp_ep_create: %s", p,
-                            ucs_status_string(st));
+            comm_unreached(comm, p);
+            if (n_failed++ == 0) {
+                first = p;
+                first_st = st;
+            }
         }
+    }
+    if (n_failed > 0) {
+        return rg_error(RG_EUNREACH, "connecting to rank %d: ucp_ep_create: %s (%d of %d "
+                        "peers unreachable)", first, ucs_status_string(first_st), n_failed,
+                        comm->size - 1);
     }
     comm_ctrl_post(comm);
     return comm_ucx_handshake(comm, deadline, watch);

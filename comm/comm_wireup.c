@@ -502,6 +502,9 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
         rg_comm_spare_destroy(params->spare);   /* (sets no error) */
         return bad;
     }
+    if (params->unreached != NULL && params->size > 0 && params->size <= RG_COMM_MAX_SIZE) {
+        memset(params->unreached, 0, (size_t)params->size);
+    }
     rg_deadline_t deadline = rg_deadline_in_ms(
         params->create_timeout_ms ? params->create_timeout_ms : COMM_DEFAULT_CREATE_MS);
     rg_comm_t *comm = NULL;
@@ -515,6 +518,7 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
     comm->wire_ns[0] = t1 - t0;
     comm->abandon = params->abandon;
     comm->abandon_arg = params->abandon_arg;
+    comm->unreached = params->unreached;
     rg_etcd_t *etcd = params->etcd;
     rg_etcd_t *own = NULL;
     if (etcd == NULL) {
@@ -537,6 +541,7 @@ rg_status_t rg_comm_create(const rg_comm_params_t *params, rg_comm_t **comm_p)
         goto err_destroy;
     }
     comm->wire_ns[3] = rg_now_ns() - t2;
+    comm->unreached = NULL;   /* (the caller's, for this creation only) */
     rg_info("group of %d connected under %s", comm->size, params->key_prefix);
     rg_debug("group of %d wired in %.1f ms: UCX context and worker %.1f, addresses %.1f "
              "(%d reads), endpoints and hellos %.1f, shared memory %.1f",

@@ -113,6 +113,13 @@ typedef struct {
      * again. One not ready by the wire-up's deadline, failed, or made for too few ranks is
      * let go, and the group makes its own (as with NULL). */
     rg_comm_spare_t *spare;
+    /* Optional, `size` bytes: which peers this rank could not reach, for a caller that must
+     * tell a cut network from a slow peer. rg_comm_create sets every byte to 0, then, when
+     * it fails while connecting on its own (UCX could not make an endpoint to a peer, or the
+     * handshake's deadline passed), to 1 for each peer that UCX said it cannot reach or
+     * whose hello had not come. A creation given up for another reason (a peer withdrew,
+     * the abandon hook, an address missing) leaves them 0: that says nothing of the links. */
+    unsigned char *unreached;
 } rg_comm_params_t;
 
 /* Caller storage for the parameters read from a launcher's environment. */
