@@ -45,6 +45,9 @@
 #define CHAOS_LEASE_TTL_S      2
 #define CHAOS_LAST_CALL_S      0.5
 #define CHAOS_HANG_TIMEOUT_S   1.0
+/* The workers' collective deadline (REGROUP_COMM_TIMEOUT_MS): a peer-only partition is seen
+ * when it passes, and a lease TTL is what every other lasting fault takes to be seen. */
+#define CHAOS_COMM_TIMEOUT_MS  2000
 /* In place, the agents' --rdzv-conf=straggler_factor,straggler_window (F_STRAGGLER), and the
  * throttle of a straggler: it runs CHAOS_STRAGGLER_RUN_MS of every CHAOS_STRAGGLER_CYCLE_MS. */
 #define CHAOS_STRAGGLER_FACTOR   2
@@ -108,6 +111,9 @@ typedef struct {
     char    target[64];
     pid_t   agent_pid;       /* agent-kill, preempt, partition: the agent hit */
     double  rejoin_s;        /* partition: from the link coming back to the node in a round */
+    double  heal_at;         /* a lasting fault: when it ends (rg_wall_s) */
+    int     members_before;  /* peer-partition: members of the round it struck */
+    bool    was_member;      /* a fault that takes a node: that node was in the round */
     bool    lost_work;
 } chaos_fault_rec_t;
 
@@ -140,6 +146,9 @@ typedef struct {
     bool within_bounds;      /* every kind's recovery times within its bounds */
     bool kept_in_place;      /* in place: no node that came back (partition, agent-hang,
                               * etcd-partition) made the job restart from a checkpoint */
+    bool cut_left_out;       /* in place: every peer-partition of a member in a round of
+                              * three or more recovered before the link came back (the
+                              * cut-off node left the round) */
     bool pass;               /* all of the above: computed once, by chaos_check_verdict */
     char result_line[256];
     int  verified;

@@ -150,7 +150,14 @@ static bool cycle_one(chaos_t *c, int i)
     r->step_before = now.step;
     r->committed = chaos_job_committed_step(c);
     r->t_inject = rg_wall_s();
+    if (kind == F_PEER_PARTITION) {
+        for (int a = 0; a < c->procs.n_slots; a++) {
+            r->members_before += c->procs.alive[a] &&
+                                 chaos_job_agent_in_round(c, now.round, c->procs.pid[a]);
+        }
+    }
     chaos_fault_inject(c, r);
+    r->heal_at = chaos_fault_heal_at(c);
     /* An agent that was not a member of the running round (it was still stopping its
      * workers, or waiting to be let in) can go without the round ending; one that was a
      * member ends the newest round it was in. */
@@ -159,6 +166,7 @@ static bool cycle_one(chaos_t *c, int i)
     if (ends && chaos_fault_takes_node(kind) && r->agent_pid > 0) {
         int mr = member_round(c, r->round_before, r->agent_pid);
         ends = mr >= 0;
+        r->was_member = ends;
         min_round = mr + 1;
     }
     chaos_progress_t after;

@@ -51,7 +51,8 @@ bool chaos_fault_takes_node(chaos_fault_t k)
 
 bool chaos_fault_node_returns(chaos_fault_t k)
 {
-    return k == F_PARTITION || k == F_AGENT_HANG || k == F_ETCD_PARTITION;
+    return k == F_PARTITION || k == F_AGENT_HANG || k == F_ETCD_PARTITION ||
+           k == F_PEER_PARTITION;
 }
 
 bool chaos_fault_needs_net(chaos_fault_t k)
@@ -459,10 +460,8 @@ void chaos_fault_inject(chaos_t *c, chaos_fault_rec_t *r)
     case F_PEER_PARTITION:
         a = pick_agent(c);
         if (a >= 0) {
-            node_hold(c, r, a);
-            if (kind == F_PEER_PARTITION) {
-                r->agent_pid = 0;   /* it stays a member (its lease lives): nothing to rejoin */
-            }
+            node_hold(c, r, a);   /* (a peer-only partition's node may stay a member: the
+                                     * first of two, or at the minimum size) */
         }
         break;
     case F_ETCD_SILENT:

@@ -59,7 +59,9 @@ static bool run_setup(chaos_t *c)
     }
     setenv("REGROUP_CKPT_DIR", c->run.ckpt_dir, 1);
     setenv("REGROUP_CKPT_KEEP", "3", 1);
-    setenv("REGROUP_COMM_TIMEOUT_MS", "3000", 1);
+    char comm_timeout[32];
+    snprintf(comm_timeout, sizeof(comm_timeout), "%d", CHAOS_COMM_TIMEOUT_MS);
+    setenv("REGROUP_COMM_TIMEOUT_MS", comm_timeout, 1);
     setenv("REGROUP_CKPT_COMMIT_TIMEOUT_MS", "10000", 1);
     setenv("REGROUP_LOG_LEVEL", "warn", 0);
     bool net = false;

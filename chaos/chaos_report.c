@@ -82,22 +82,23 @@ void chaos_report_write(const chaos_t *c)
     report_by_kind(c, f);
     printf("\ninvariants: finished=%d result=%d checkpoints_verify=%d (%d checked) "
            "no_lost_work=%d no_stale_writes=%d (%d writes checked) no_leaks=%d time_bound=%d "
-           "all_recovered=%d within_bounds=%d (scale %g) kept_in_place=%d\n%s\nresult: %s\n",
+           "all_recovered=%d within_bounds=%d (scale %g) kept_in_place=%d cut_left_out=%d\n"
+           "%s\nresult: %s\n",
            inv->finished, inv->result, inv->checkpoints_verify, inv->verified, inv->no_lost_work,
            inv->no_stale_writes, inv->history_checked, inv->no_leaks, inv->time_bound,
            inv->recovered, inv->within_bounds, c->opt->bound_scale, inv->kept_in_place,
-           inv->result_line,
+           inv->cut_left_out, inv->result_line,
            inv->pass ? "PASS" : "FAIL");
     if (f) {
         fprintf(f, "},\"invariants\":{\"finished\":%s,\"result\":%s,\"checkpoints_verify\":%s,"
                 "\"no_lost_work\":%s,\"no_stale_writes\":%s,\"history_writes_checked\":%d,"
                 "\"no_leaks\":%s,\"time_bound\":%s,\"all_recovered\":%s,\"within_bounds\":%s,"
-                "\"kept_in_place\":%s},"
+                "\"kept_in_place\":%s,\"cut_left_out\":%s},"
                 "\"bound_scale\":%g,\"passed\":%s}\n", tf(inv->finished), tf(inv->result),
                 tf(inv->checkpoints_verify), tf(inv->no_lost_work), tf(inv->no_stale_writes),
                 inv->history_checked, tf(inv->no_leaks),
                 tf(inv->time_bound), tf(inv->recovered), tf(inv->within_bounds),
-                tf(inv->kept_in_place),
+                tf(inv->kept_in_place), tf(inv->cut_left_out),
                 c->opt->bound_scale, tf(inv->pass));
         fclose(f);
     }

@@ -203,7 +203,7 @@ bool rg_notice_msg_decode(const unsigned char buf[4], rg_notice_msg_t *msg, int 
     if ((buf[0] != RG_NOTICE_MSG_INPLACE && buf[0] != RG_NOTICE_MSG_READY &&
          buf[0] != RG_NOTICE_MSG_RESTART && buf[0] != RG_NOTICE_MSG_JOINED &&
          buf[0] != RG_NOTICE_MSG_REGROUP && buf[0] != RG_NOTICE_MSG_STRAGGLER &&
-         buf[0] != RG_NOTICE_MSG_HEALTH &&
+         buf[0] != RG_NOTICE_MSG_HEALTH && buf[0] != RG_NOTICE_MSG_CUT_OFF &&
          buf[0] != RG_NOTICE_MSG_LEFT_OUT) ||
         buf[1] != 0) {
         return false;

@@ -177,6 +177,9 @@ typedef enum {
                                       take the node out of the job (as a preemption) */
     RG_NOTICE_MSG_HEALTH = 'H',    /* this worker's node failed the health check
                                       (--health-check=evict): take it out of the job */
+    RG_NOTICE_MSG_CUT_OFF = 'C',   /* this worker reached no rank of any other node in its
+                                      regroup's last tries, while etcd answered: the node
+                                      leaves the round and joins again later */
 } rg_notice_msg_t;
 
 /* Sends msg for local_rank on $REGROUP_AGENT_PIPE_FD (never blocks; false if there is no

@@ -428,6 +428,8 @@ typedef struct {
                                                leave (RG_NOTICE_MSG_STRAGGLER or
                                                RG_NOTICE_MSG_HEALTH), or -1 */
     int   unfit_msg;                        /*   which of the two */
+    int   cut_lr;                           /* the local rank that said its regroup reached
+                                               no other node (RG_NOTICE_MSG_CUT_OFF), or -1 */
     rg_status_t error;                      /* why launcher_inplace_rejoin failed */
     int64_t term_end_ms;                    /* SIGTERM came while this node rejoined: it
                                                leaves once in the round (its workers take

@@ -31,6 +31,11 @@
  * signal before it counts as a failure (see await_own_stop). */
 #define AGENT_STOP_RACE_MS 500
 
+/* A node cut off from its peers (cut_off_leaves) joins again after this, doubled each time
+ * it is cut off again before its workers were in a group, up to the maximum. */
+#define AGENT_CUT_OFF_WAIT_MS     1000
+#define AGENT_CUT_OFF_WAIT_MAX_MS 16000
+
 typedef enum {
     ROUND_SUCCEEDED,    /* every local worker exited 0 */
     ROUND_RESTART,      /* join the next round */
@@ -40,6 +45,8 @@ typedef enum {
     ROUND_IN_PLACE,     /* in place: join the next round keeping the workers */
     ROUND_JOB_DONE,     /* in place: the other members finished the job without this node's
                            workers */
+    ROUND_CUT_OFF,      /* in place: this node reached none of its peers and left the round
+                           (cut_off_leaves); it joins again after a wait */
 } round_end_t;
 
 typedef struct {
@@ -51,6 +58,7 @@ typedef struct {
     int                      stop_signal;
     int                      restart_count;
     int                      excused_count;  /* failures a lost node explained, seen so far */
+    int                      cut_offs;       /* times in a row this node was cut off */
     rg_status_t              error;          /* why a round ended in ROUND_ERROR */
     rg_notice_host_t         notice;         /* the page the workers read (rg_notice.h) */
     launcher_watch_t        *watch;          /* --preemption-notice's watcher, or NULL */
@@ -289,6 +297,61 @@ static void unfit_leaves(agent_t *ag, const rg_rdzv_assignment_t *asg, launcher_
     launcher_leave_begin(lv, why, rg_notice_now_ms() + cfg->grace_ms);
 }
 
+/* In place, a local rank's regroup reached no rank of any other node, several tries in a
+ * row, while etcd answered (RG_NOTICE_MSG_CUT_OFF): this node's links to its peers are cut
+ * (a peer-only partition). Every round that holds it fails, and its peers cannot tell which
+ * node it is (for them one peer is missing), so it leaves the round itself: its lease
+ * revoked, the others regroup without it at once, and its workers stop (the others hold the
+ * state). It joins again later as newcomers (cut_off_wait). It stays when the job would fall
+ * below its minimum size, and when it is the first of a round of two nodes: the other finds
+ * the same and leaves instead, so that one of the two trains on. True if it left. */
+static bool cut_off_leaves(agent_t *ag, const rg_rdzv_assignment_t *asg)
+{
+    const rg_agent_params_t *cfg = ag->cfg;
+    int lr = ag->ip.cut_lr;
+
+    ag->ip.cut_lr = -1;
+    if (asg->n_members <= cfg->min_nodes || (asg->n_members == 2 && asg->rank_offset == 0)) {
+        rg_warn("local rank %d (pid %d) reaches no other node, but %s: this node stays "
+                "(the rounds with it fail until the network heals)", lr,
+                (int)ag->ws.w[lr].pid, asg->n_members <= cfg->min_nodes
+                    ? "the job is at its minimum size" : "it is the first of the round's two "
+                                                         "nodes (the other one leaves)");
+        return false;
+    }
+    rg_warn("round %d: local rank %d (pid %d) reaches no other node while etcd answers: this "
+            "node is cut off from its peers; it leaves the round, and its workers stop",
+            asg->round, lr, (int)ag->ws.w[lr].pid);
+    if (rg_rdzv_leave(ag->rdzv) != RG_OK) {
+        rg_warn("cannot revoke the lease (%s): the others see this node gone when it expires",
+                rg_last_error());
+    }
+    launcher_workers_stop(&ag->ws, cfg->grace_ms, SIGTERM, cfg);
+    return true;
+}
+
+/* After cut_off_leaves: waits before this node joins again (a network still cut would make
+ * the round that takes it in fail, and cost its peers a regroup each time). False if a
+ * signal came meanwhile (ag->stop_signal). */
+static bool cut_off_wait(agent_t *ag)
+{
+    int64_t ms = RG_MIN((int64_t)AGENT_CUT_OFF_WAIT_MS << RG_MIN(ag->cut_offs, 4),
+                        (int64_t)AGENT_CUT_OFF_WAIT_MAX_MS);
+    ag->cut_offs++;
+    fprintf(stderr, "regroup: this node was cut off from its peers; it joins the job again in "
+            "%lld ms\n", (long long)ms);
+    rg_deadline_t until = rg_deadline_in_ms(ms);
+    while (!rg_deadline_passed(until)) {
+        struct pollfd pfd = {.fd = ag->sigfd, .events = POLLIN};
+        int n = poll(&pfd, 1, (int)RG_MAX(1, rg_deadline_left_ms(until)));
+        bool child = false;
+        if (n > 0 && read_signals(ag, &child)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool resume)
 {
     const rg_agent_params_t *cfg = ag->cfg;
@@ -401,6 +464,12 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
             }
             if (ag->ip.unfit_lr >= 0) {
                 unfit_leaves(ag, asg, &lv);
+            }
+            if (ag->ip.cut_lr >= 0 && !lv.own && cut_off_leaves(ag, asg)) {
+                return ROUND_CUT_OFF;
+            }
+            if (ag->cut_offs > 0 && launcher_inplace_any_grouped(&ag->ip, &ag->ws)) {
+                ag->cut_offs = 0;   /* back in a group: the next cut waits from the start */
             }
         }
         if (read_signals(ag, &child)) {
@@ -766,6 +835,13 @@ static rg_status_t agent_loop(agent_t *ag)
         if (end == ROUND_ERROR) {
             st = ag->error;   /* with run_round's message */
             break;
+        }
+        if (end == ROUND_CUT_OFF) {
+            if (!cut_off_wait(ag)) {
+                rg_info("signal %d while cut off: stopping", ag->stop_signal);
+                break;
+            }
+            continue;   /* join again: the job runs without this node, which joins it */
         }
         st = rg_rdzv_next_round(ag->rdzv);
         if (st != RG_OK) {

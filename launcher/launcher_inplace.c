@@ -104,6 +104,7 @@ rg_status_t launcher_inplace_open(launcher_inplace_t *ip, const rg_agent_params_
     memset(ip, 0, sizeof(*ip));
     ip->pipe_r = ip->pipe_w = -1;
     ip->unfit_lr = -1;
+    ip->cut_lr = -1;
     ip->enabled = cfg->recovery == RG_AGENT_RECOVERY_IN_PLACE;
     if (!ip->enabled) {
         return RG_OK;
@@ -148,6 +149,7 @@ void launcher_inplace_reset(launcher_inplace_t *ip, int nproc)
     ip->ready_seen = false;
     ip->regroup_asked = false;
     ip->unfit_lr = -1;
+    ip->cut_lr = -1;
     ip->dropped = false;
     /* What the stopped workers wrote is about them, not about the new ones. */
     for (int k = 0; k < 64 && ip->pipe_r >= 0 && read(ip->pipe_r, buf, sizeof(buf)) > 0; k++) {
@@ -192,6 +194,10 @@ void launcher_inplace_read(launcher_inplace_t *ip, const launcher_workers_t *ws)
                 rg_warn("local rank %d (pid %d): the job went on without this node; its "
                         "workers start again and join it", lr, (int)ws->w[lr].pid);
                 ip->dropped = true;
+            } else if (msg == RG_NOTICE_MSG_CUT_OFF) {
+                if (ip->state[lr] == INPLACE_IN_ROUND && ip->cut_lr < 0) {
+                    ip->cut_lr = lr;
+                }
             } else if (msg == RG_NOTICE_MSG_STRAGGLER || msg == RG_NOTICE_MSG_HEALTH) {
                 if (ip->state[lr] == INPLACE_IN_ROUND && ip->unfit_lr < 0) {
                     ip->unfit_lr = lr;

@@ -37,6 +37,7 @@
 #define REGROUP_ATTEMPTS    1000    /* bounded by the deadline long before */
 #define NEWER_WAIT_MS       200     /* after a failed attempt: a newer round, or the same */
 #define ASK_ROUND_MS        1000    /* past the lease TTL with no round: ask for one */
+#define CUT_OFF_TRIES       2       /* wire-ups in a row that reach no other node: cut off */
 #define SPARE_READY_MS      2000    /* a newcomer waits this long at most for its UCX worker */
 #define AGREE_WORDS         5       /* each member's step, buffer count, bytes, chunk, and
                                      * 0: a member, 1: a replacement, 2: a new node's worker */
@@ -207,6 +208,28 @@ static void ask_round(rg_train_ctx_t *ctx, int round, const char *why)
     }
 }
 
+/* Whether a failed wire-up reached no rank of any other node (unreached, from
+ * rg_comm_params_t): this node's links to its peers are cut, or every peer is gone. Ranks of
+ * this node (a->rank) do not count; false when the round has no other node. */
+static bool reached_no_other_node(const rg_notice_assign_t *a, const unsigned char *unreached)
+{
+    int others = 0;
+    for (int r = 0; r < a->world; r++) {
+        bool local = false;
+        for (int i = 0; i < a->n && !local; i++) {
+            local = a->rank[i] == r;
+        }
+        if (local) {
+            continue;
+        }
+        if (!unreached[r]) {
+            return false;
+        }
+        others++;
+    }
+    return others > 0;
+}
+
 /* Waits for an assignment of round min_round or newer that includes this worker. */
 static rg_status_t wait_assignment(rg_train_ctx_t *ctx, int min_round, rg_deadline_t deadline,
                                    rg_notice_assign_t *a)
@@ -235,7 +258,7 @@ static rg_status_t wait_assignment(rg_train_ctx_t *ctx, int min_round, rg_deadli
 
 /* The group of round a->round, within deadline (at most one attempt's time). */
 static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
-                              rg_deadline_t deadline)
+                              rg_deadline_t deadline, unsigned char *unreached)
 {
     char prefix[RDZV_KEY_MAX];
     rg_status_t st = rdzv_keys_comm_prefix(&ctx->keys, a->round, prefix, sizeof(prefix));
@@ -247,7 +270,7 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
                            .etcd = ctx->etcd, .key_prefix = prefix,
                            .timeout_ms = ctx->comm_timeout_ms,
                            .create_timeout_ms = RG_MAX(1, RG_MIN(left, CREATE_ATTEMPT_MS)),
-                           .spare = ctx->spare};
+                           .spare = ctx->spare, .unreached = unreached};
     ctx->spare = NULL;   /* the group's, made or not */
     train_group_watch(ctx, a->round, a->world, &cp);
     ctx->group_wiring = true;
@@ -588,6 +611,10 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
             st = rg_error(RG_ESYS, "regroup: cannot tell the agent this replacement is ready");
         }
     }
+    /* Tries in a row that reached no other node (one alone may have met peers whose
+     * workers were just gone), and whether the agent was told. */
+    int cut_tries = 0;
+    bool said_cut = false;
     for (int attempt = 0; st == RG_OK && attempt < REGROUP_ATTEMPTS; attempt++) {
         rg_notice_assign_t a;
         leave_group(ctx);
@@ -637,7 +664,26 @@ rg_status_t rg_train_regroup(rg_train_ctx_t *ctx, rg_train_regroup_t *rs)
         if (st != RG_OK) {
             break;
         }
-        st = make_group(ctx, &a, deadline);
+        unsigned char *unreached = calloc((size_t)RG_MAX(a.world, 1), 1);
+        if (unreached == NULL) {
+            st = rg_error(RG_ENOMEM, "regroup: a group of %d", a.world);
+            break;
+        }
+        st = make_group(ctx, &a, deadline, unreached);
+        cut_tries = st != RG_OK && reached_no_other_node(&a, unreached) ? cut_tries + 1 : 0;
+        free(unreached);
+        if (cut_tries >= CUT_OFF_TRIES && !said_cut) {
+            /* etcd answers (the round came) but no peer on another node does: nobody else
+             * can tell which node is cut off, and every round with it fails. */
+            char why[512];
+            snprintf(why, sizeof(why), "%s", rg_last_error());
+            said_cut = rg_notice_msg_send(RG_NOTICE_MSG_CUT_OFF, ctx->local_rank);
+            rg_warn("regroup into round %d: %d tries in a row reached no rank of another node "
+                    "(%s): %s", a.round, cut_tries, why,
+                    said_cut ? "this node is cut off from its peers; its agent takes it out "
+                               "of the round" : "and the agent cannot be told");
+            (void)rg_error(st, "%s", why);
+        }
         if (st == RG_OK) {
             (void)rg_notice_msg_send(RG_NOTICE_MSG_JOINED, ctx->local_rank);
             st = agree_state(ctx, rs, &my_step, &my_cursor, deadline);
