@@ -431,6 +431,67 @@ static bool prev_round_done(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out)
     return done;
 }
 
+/* In place (hold_running), before this agent registers in the open round r: whether the
+ * job runs without it in round r - 1, which into *out. That round closed, live members of it
+ * form round r in place (a loss, a planned change) and this agent is not one of them (new,
+ * or one that left: its node key there is gone), and no restart was asked for it. Joining r
+ * with fresh workers would mix them with survivors that regroup with their state, and the
+ * job would restart: its workers must start as newcomers instead, as when the running round
+ * is the newest. */
+static rg_status_t runs_without_us(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, bool *yes)
+{
+    char closed_key[RDZV_KEY_MAX];
+    char nodes_key[RDZV_KEY_MAX];
+    char own_key[RDZV_KEY_MAX];
+    rg_etcd_txn_t t;
+    rg_status_t st;
+
+    *yes = false;
+    if (!z->hold_running || r <= 0) {
+        return RG_OK;
+    }
+    st = rdzv_keys_closed(&z->keys, r - 1, closed_key, sizeof(closed_key));
+    if (st == RG_OK) {
+        st = rdzv_keys_nodes_prefix(&z->keys, r - 1, nodes_key, sizeof(nodes_key));
+    }
+    if (st == RG_OK) {
+        st = rdzv_keys_node(&z->keys, r - 1, z->agent, own_key, sizeof(own_key));
+    }
+    if (st != RG_OK) {
+        return st;
+    }
+    rg_etcd_op_t ops[3] = {
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = closed_key}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = nodes_key, .prefix = true,
+                                               .count_only = true}},
+        {.type = RG_ETCD_OP_RANGE, .u.range = {.key = own_key, .count_only = true}},
+    };
+    st = rg_etcd_txn(z->etcd, NULL, 0, ops, 3, NULL, 0, 0, &t);
+    if (st != RG_OK) {
+        return st;
+    }
+    const rg_etcd_range_t *closed = &t.results[0].u.range;
+    bool candidate = closed->n_kvs == 1 && t.results[1].u.range.count > 0 &&
+                     t.results[2].u.range.count == 0;
+    rg_rdzv_assignment_t *a = candidate ? malloc(sizeof(*a)) : NULL;
+    if (candidate && a == NULL) {
+        st = rg_error(RG_ENOMEM, "rendezvous: an assignment");
+    } else if (candidate) {
+        st = rdzv_rec_closed_decode(closed->kvs[0].value, closed->kvs[0].value_len, r - 1, a);
+    }
+    rg_etcd_txn_cleanup(&t);
+    bool asked = false;
+    if (st == RG_OK && a != NULL && !a->job_failed) {
+        st = rg_rdzv_restart_requested(z, r - 1, &asked);
+        if (st == RG_OK && !asked) {
+            *out = *a;   /* (group_rank -1, as decoded: this agent is no live member) */
+            *yes = true;
+        }
+    }
+    free(a);
+    return st;
+}
+
 /* One look at round r: returns RG_OK with *done set when a round including us closed. The
  * look reads the round's own records (closed, closer, done/, leaving/), and its node keys
  * only for the closer: an agent waiting for the close reads O(1) keys however large the
@@ -558,6 +619,17 @@ static rg_status_t join_step(rg_rdzv_t *z, int r, rg_rdzv_assignment_t *out, boo
         rg_info("rendezvous: the other members of round %d finished: the job is over", r - 1);
         *done = true;
         return RG_OK;
+    }
+    if (z->registered_round != r && !prev_finished) {
+        bool without = false;
+        st = runs_without_us(z, r, out, &without);
+        if (st != RG_OK) {
+            return st;
+        }
+        if (without) {
+            return rg_error(RG_EAGAIN, "rendezvous: round %d of job %s runs without this node "
+                            "(its members form round %d)", r - 1, z->job, r);
+        }
     }
     if (z->registered_round != r) {
         st = register_node(z, r);

@@ -1025,6 +1025,48 @@ START_TEST(test_running_member_whose_peers_finished)
 }
 END_TEST
 
+/* In place, a node that joins while the members form their next round (a loss, a planned
+ * change) is told that the job runs without it, as when the running round is the newest: its
+ * agent starts its workers as newcomers. Before, it joined the forming round with fresh
+ * workers beside survivors regrouping with their state, and the job restarted (chaos: a
+ * peer-partitioned node that left and came back while the others' round formed). So too for a
+ * member that left (its node key gone). */
+START_TEST(test_join_while_the_members_form_a_round)
+{
+    joiner_t j[3] = {{0}};
+    pthread_t t[2];
+    char job[64];
+
+    snprintf(job, sizeof(job), "forming-%d", (int)getpid());
+    for (int i = 0; i < 3; i++) {
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
+                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 300,
+                              .join_timeout_ms = i < 2 ? 30000 : 5000, .max_restarts = 3,
+                              .in_place = true};
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    join_start(j, t, 0, 2);
+    join_wait(j, t, 0, 2, 2);
+    ck_assert_int_eq(rg_rdzv_next_round(j[0].z), RG_OK);   /* round 1 forms */
+    rg_rdzv_set_join_running(j[2].z, true);
+    rg_status_t st = rg_rdzv_join(j[2].z, -1, &j[2].a);
+    ck_assert_msg(st == RG_EAGAIN, "a new node: %s (%s)", rg_status_str(st), rg_last_error());
+    ck_assert_int_eq(j[2].a.round, 0);
+    ck_assert_int_eq(j[2].a.n_members, 2);
+    ck_assert_int_eq(j[2].a.group_rank, -1);
+    /* A member that left (its lease revoked, its node key gone) and joins again. */
+    ck_assert_int_eq(rg_rdzv_leave(j[1].z), RG_OK);
+    rg_rdzv_set_join_running(j[1].z, true);
+    st = rg_rdzv_join(j[1].z, -1, &j[1].a);
+    ck_assert_msg(st == RG_EAGAIN, "a member that left: %s (%s)", rg_status_str(st),
+                  rg_last_error());
+    ck_assert_int_eq(j[1].a.round, 0);
+    ck_assert_int_eq(j[1].a.group_rank, -1);
+    leave_all(j, 3);
+}
+END_TEST
+
 /* A member lost is found from the deleted node key its watch names: each other member reads
  * that member's node and done keys, not the round's N node keys (N² bytes from etcd after
  * every loss). The full listing stays for what no event names (test_lost_member_seen_
@@ -1161,6 +1203,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_closer_lost_while_forming);
     tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
     tcase_add_test(tc, test_running_member_whose_peers_finished);
+    tcase_add_test(tc, test_join_while_the_members_form_a_round);
     tcase_add_test(tc, test_lost_member_named_by_its_event);
     tcase_add_test(tc, test_closed_record_at_the_maximum_in_etcd);
     suite_add_tcase(s, tc);

@@ -30,7 +30,9 @@
  * every 100 ms and UCX_KEEPALIVE_NUM_EPS >= peers, so ranks on one host use shared memory and a
  * dead peer is found within about 100 ms; with shared memory allowed it also sends eagerly
  * only (UCX_RNDV_THRESH=inf), which avoids a UCX 1.13 abort when a peer dies mid-rendezvous.
- * Unless set, UCX_TCP_TX_SEG_SIZE=256K and UCX_TCP_RX_SEG_SIZE=512K (tcp bandwidth).
+ * Unless set, UCX_TCP_TX_SEG_SIZE=256K and UCX_TCP_RX_SEG_SIZE=512K (tcp bandwidth), and
+ * UCX_TCP_CONN_NB=y: UCX 1.13 otherwise connects blocking, and an endpoint to a peer whose
+ * node cannot answer (its links cut) blocks in connect() past the wire-up's deadline.
  * UCX_TLS=tcp works too (a dead peer is seen within 30 ms). When every rank is on one host and
  * UCX_TLS allows shared memory, collectives of at most 4 KiB per rank go through a small
  * shared-memory segment of the group's own (mapped at create, its name unlinked at once;
