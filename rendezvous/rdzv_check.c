@@ -269,7 +269,15 @@ rg_status_t rg_rdzv_check(rg_rdzv_t *z, rg_rdzv_change_t *change)
         rdzv_rec_round_decode(round->kvs[0].value, round->kvs[0].value_len, &now_round) ==
             RG_OK &&
         now_round > r) {
-        *change = RG_RDZV_NEW_ROUND;
+        /* A member gone is said even when another agent opened the round for it already: in
+         * place a new round alone is a planned change, which waits for this node's workers
+         * to be in the running round's group, and with a member gone that group never
+         * forms (it waited out LAUNCHER_INPLACE_SETTLE_MS, then the job restarted). */
+        if (gone != NULL) {
+            rg_info("rendezvous: member %s of round %d is gone (round %lld is open)", gone, r,
+                    (long long)now_round);
+        }
+        *change = gone != NULL ? RG_RDZV_MEMBER_LOST : RG_RDZV_NEW_ROUND;
     } else if (!z->p.in_place && rq->count > 0) {
         *change = RG_RDZV_FAILURE;
     } else {

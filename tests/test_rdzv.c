@@ -1067,6 +1067,37 @@ START_TEST(test_join_while_the_members_form_a_round)
 }
 END_TEST
 
+/* A member gone is a loss even when another agent opened the next round for it first: in place
+ * a new round alone is a planned change, which waits for this node's workers to be in the
+ * running round's group, and that group never forms without the member (chaos: a node cut
+ * off from its peers left, the third agent saw only the new round and the job restarted). */
+START_TEST(test_member_lost_while_a_round_opens)
+{
+    enum { N = 3 };
+    joiner_t j[N] = {{0}};
+    pthread_t t[N];
+    char job[64];
+
+    snprintf(job, sizeof(job), "lostopen-%d", (int)getpid());
+    for (int i = 0; i < N; i++) {
+        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
+                              .max_nodes = N, .lease_ttl_s = 5, .last_call_ms = 500,
+                              .join_timeout_ms = 30000, .max_restarts = 3, .in_place = true};
+        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+    join_start(j, t, 0, N);
+    join_wait(j, t, 0, N, N);
+    rg_rdzv_change_t c = RG_RDZV_NONE;
+    ck_assert_int_eq(rg_rdzv_check(j[1].z, &c), RG_OK);
+    ck_assert_int_eq(c, RG_RDZV_NONE);
+    ck_assert_int_eq(rg_rdzv_leave(j[2].z), RG_OK);
+    ck_assert_int_eq(rg_rdzv_next_round(j[0].z), RG_OK);
+    ck_assert_int_eq(wait_change(j[1].z), RG_RDZV_MEMBER_LOST);
+    leave_all(j, N);
+}
+END_TEST
+
 /* A member lost is found from the deleted node key its watch names: each other member reads
  * that member's node and done keys, not the round's N node keys (N² bytes from etcd after
  * every loss). The full listing stays for what no event names (test_lost_member_seen_
@@ -1204,6 +1235,7 @@ static Suite *rdzv_suite(void)
     tcase_add_test(tc, test_member_runs_a_round_its_peers_finished_first);
     tcase_add_test(tc, test_running_member_whose_peers_finished);
     tcase_add_test(tc, test_join_while_the_members_form_a_round);
+    tcase_add_test(tc, test_member_lost_while_a_round_opens);
     tcase_add_test(tc, test_lost_member_named_by_its_event);
     tcase_add_test(tc, test_closed_record_at_the_maximum_in_etcd);
     suite_add_tcase(s, tc);
