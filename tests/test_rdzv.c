@@ -65,12 +65,28 @@ static void *cancel_join_main(void *arg)
     return NULL;
 }
 
+/* The tests' parameters: one worker a node, a 5 s lease, a 500 ms last call, a 30 s join. */
+static rg_rdzv_params_t params(const char *job, int min_nodes, int max_nodes)
+{
+    return (rg_rdzv_params_t){.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
+                              .job = job, .addr = "127.0.0.1", .nproc = 1,
+                              .min_nodes = min_nodes, .max_nodes = max_nodes, .lease_ttl_s = 5,
+                              .last_call_ms = 500, .join_timeout_ms = 30000,
+                              .max_restarts = 3};
+}
+
+/* Handles j[0..n) made with p. */
+static void handles_create(joiner_t *j, int n, const rg_rdzv_params_t *p)
+{
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(rg_rdzv_create(p, &j[i].z) == RG_OK, "%s", rg_last_error());
+    }
+}
+
 static rg_rdzv_t *handle(const char *job, int nproc)
 {
-    rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                          .job = job, .addr = "127.0.0.1", .nproc = nproc, .min_nodes = 2,
-                          .max_nodes = 2, .lease_ttl_s = 5, .last_call_ms = 500,
-                          .join_timeout_ms = 30000, .max_restarts = 3};
+    rg_rdzv_params_t p = params(job, 2, 2);
+    p.nproc = nproc;
     rg_rdzv_t *z = NULL;
     ck_assert_msg(rg_rdzv_create(&p, &z) == RG_OK, "%s", rg_last_error());
     return z;
@@ -234,13 +250,8 @@ START_TEST(test_member_whose_peers_finished_without_it)
 
     ck_assert_ptr_nonnull(j);
     snprintf(job, sizeof(job), "without-%d", (int)getpid());
-    for (int i = 0; i < 3; i++) {
-        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
-                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
-                              .join_timeout_ms = 30000, .max_restarts = 3};
-        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
-    }
+    rg_rdzv_params_t p = params(job, 2, 3);
+    handles_create(j, 3, &p);
     join_start(j, t, 0, 3);
     join_wait(j, t, 0, 3, 3);
     ck_assert_int_eq(rg_rdzv_done(j[0].z), RG_OK);
@@ -996,13 +1007,9 @@ START_TEST(test_running_member_whose_peers_finished)
     char job[64];
 
     snprintf(job, sizeof(job), "peersdone-%d", (int)getpid());
-    for (int i = 0; i < 3; i++) {
-        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 1,
-                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 500,
-                              .join_timeout_ms = 30000, .max_restarts = 3, .in_place = true};
-        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
-    }
+    rg_rdzv_params_t p = params(job, 1, 3);
+    p.in_place = true;
+    handles_create(j, 3, &p);
     join_start(j, t, 0, 3);
     join_wait(j, t, 0, 3, 3);
     rg_rdzv_change_t c = RG_RDZV_NONE;
@@ -1038,14 +1045,12 @@ START_TEST(test_join_while_the_members_form_a_round)
     char job[64];
 
     snprintf(job, sizeof(job), "forming-%d", (int)getpid());
-    for (int i = 0; i < 3; i++) {
-        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
-                              .max_nodes = 3, .lease_ttl_s = 5, .last_call_ms = 300,
-                              .join_timeout_ms = i < 2 ? 30000 : 5000, .max_restarts = 3,
-                              .in_place = true};
-        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
-    }
+    rg_rdzv_params_t p = params(job, 2, 3);
+    p.in_place = true;
+    p.last_call_ms = 300;
+    handles_create(j, 2, &p);
+    p.join_timeout_ms = 5000;   /* (without the fix its join waits out this timeout) */
+    handles_create(j + 2, 1, &p);
     join_start(j, t, 0, 2);
     join_wait(j, t, 0, 2, 2);
     ck_assert_int_eq(rg_rdzv_next_round(j[0].z), RG_OK);   /* round 1 forms */
@@ -1079,13 +1084,9 @@ START_TEST(test_member_lost_while_a_round_opens)
     char job[64];
 
     snprintf(job, sizeof(job), "lostopen-%d", (int)getpid());
-    for (int i = 0; i < N; i++) {
-        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = 2,
-                              .max_nodes = N, .lease_ttl_s = 5, .last_call_ms = 500,
-                              .join_timeout_ms = 30000, .max_restarts = 3, .in_place = true};
-        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
-    }
+    rg_rdzv_params_t p = params(job, 2, N);
+    p.in_place = true;
+    handles_create(j, N, &p);
     join_start(j, t, 0, N);
     join_wait(j, t, 0, N, N);
     rg_rdzv_change_t c = RG_RDZV_NONE;
@@ -1111,13 +1112,8 @@ START_TEST(test_lost_member_named_by_its_event)
     uint64_t full0[N];
 
     snprintf(job, sizeof(job), "named-%d", (int)getpid());
-    for (int i = 0; i < N; i++) {
-        rg_rdzv_params_t p = {.etcd = {.endpoints = etcd.srv.endpoints, .timeout_ms = 3000},
-                              .job = job, .addr = "127.0.0.1", .nproc = 1, .min_nodes = N,
-                              .max_nodes = N, .lease_ttl_s = 5, .last_call_ms = 500,
-                              .join_timeout_ms = 30000, .max_restarts = 3};
-        ck_assert_msg(rg_rdzv_create(&p, &j[i].z) == RG_OK, "%s", rg_last_error());
-    }
+    rg_rdzv_params_t p = params(job, N, N);
+    handles_create(j, N, &p);
     join_start(j, t, 0, N);
     join_wait(j, t, 0, N, N);
     for (int i = 1; i < N; i++) {
