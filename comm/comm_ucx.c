@@ -204,11 +204,8 @@ static rg_status_t comm_handshake_wait(rg_comm_t *comm, void **reqs, int round,
             *next_watch = rg_now_ns() + COMM_WIRE_WATCH_NS;
         }
     }
-    for (int i = 0; reqs != NULL && i < n; i++) {
-        if (reqs[i] != NULL) {
-            ucp_request_free(reqs[i]);
-            reqs[i] = NULL;
-        }
+    if (reqs != NULL) {
+        comm_wait_reqs(comm, reqs, n, 0);   /* (frees them) */
     }
     return st;
 }
@@ -238,7 +235,7 @@ static rg_status_t comm_ucx_handshake(rg_comm_t *comm, rg_deadline_t deadline,
                 ucs_status_ptr_t r = ucp_ep_flush_nbx(comm->eps[p], &param);
                 if (UCS_PTR_IS_ERR(r)) {
                     comm_unreached(comm, p);
-                    comm_handshake_wait(comm, reqs, round, rg_deadline_in_ms(0), NULL, NULL);
+                    comm_wait_reqs(comm, reqs, n, 0);   /* (frees the flushes begun) */
                     return rg_error(RG_EUNREACH, "connecting to rank %d: flush: %s", p,
                                     ucs_status_string(UCS_PTR_STATUS(r)));
                 }
@@ -438,13 +435,7 @@ void comm_wait_reqs(rg_comm_t *comm, void **reqs, int n, int64_t ms)
 {
     rg_deadline_t deadline = rg_deadline_in_ms(ms);
     for (;;) {
-        bool pending = false;
-        for (int i = 0; i < n; i++) {
-            if (reqs[i] != NULL && ucp_request_check_status(reqs[i]) == UCS_INPROGRESS) {
-                pending = true;
-            }
-        }
-        if (!pending || rg_deadline_passed(deadline)) {
+        if (!comm_reqs_pending(reqs, n) || rg_deadline_passed(deadline)) {
             break;
         }
         ucp_worker_progress(comm->worker);
