@@ -17,7 +17,10 @@
  * saying RG_EMEMBERS, makes every rank call rg_train_regroup with the state vector (replicated:
  * every rank holds all of it) and the cursor; it goes on at the new world size from the step
  * the members agreed on, with the state received from a survivor. A replacement worker joins
- * the same way instead of reading a checkpoint. Rank 0 then prints "regrouped: ..." lines.
+ * the same way instead of reading a checkpoint. With the state goes a side record of a size
+ * only the source knows (rg_train_regroup_t.extra_fn, as a program's optimizer state), which
+ * each receiver checks against the state it received. Rank 0 then prints "regrouped: ..."
+ * lines.
  * --trainer-in-place makes --trainer run in place too.
  *
  * Run it under regroup with REGROUP_CKPT_DIR set. Rank 0 ends with
@@ -473,6 +476,72 @@ static rg_status_t extra_check(int64_t step, size_t stride)
     return RG_OK;
 }
 
+/* In place, the source's side record (rg_train_regroup_t.extra_fn), as a program's optimizer
+ * state of a size only the source knows: the step of its state, a hash of its vector, and
+ * step mod SIDE_MORE more words of that step's own. A receiver checks every word against the
+ * state it received with it. */
+#define SIDE_MORE 13
+typedef struct {
+    int64_t        step;
+    const int64_t *state;
+    int64_t        dim;
+    uint64_t       w[2 + SIDE_MORE];
+} side_t;
+
+static uint64_t side_word(int64_t step, const int64_t *state, int64_t dim, size_t i)
+{
+    if (i == 0) {
+        return (uint64_t)step;
+    }
+    uint64_t h = mix((uint64_t)step + i);
+    for (int64_t k = 0; i == 1 && k < dim; k++) {
+        h = mix(h ^ (uint64_t)state[k]);
+    }
+    return h;
+}
+
+static size_t side_words(int64_t step)
+{
+    return 2 + (size_t)(step % SIDE_MORE);
+}
+
+static int side_make(void *arg, const void **data, size_t *bytes)
+{
+    side_t *s = arg;
+    size_t n = side_words(s->step);
+    for (size_t i = 0; i < n; i++) {
+        s->w[i] = side_word(s->step, s->state, s->dim, i);
+    }
+    *data = s->w;
+    *bytes = n * sizeof(uint64_t);
+    return 0;
+}
+
+static rg_status_t side_check(const rg_train_regroup_t *rs, const int64_t *state, int64_t dim)
+{
+    if (!rs->received) {
+        return rs->extra == NULL && rs->extra_bytes == 0
+                   ? RG_OK
+                   : rg_error(RG_ECORRUPT, "a side record came to a member that received no "
+                              "state (%zu bytes)", rs->extra_bytes);
+    }
+    size_t n = side_words(rs->step_out);
+    if (rs->extra == NULL || rs->extra_bytes != n * sizeof(uint64_t) || rs->n_received < 1) {
+        return rg_error(RG_ECORRUPT, "the side record of step %lld: %zu bytes, not %zu (%d "
+                        "members received)", (long long)rs->step_out, rs->extra_bytes,
+                        n * sizeof(uint64_t), rs->n_received);
+    }
+    uint64_t w;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&w, (const unsigned char *)rs->extra + i * sizeof(w), sizeof(w));
+        if (w != side_word(rs->step_out, state, dim, i)) {
+            return rg_error(RG_ECORRUPT, "the side record of step %lld differs from the "
+                            "state received with it at word %zu", (long long)rs->step_out, i);
+        }
+    }
+    return RG_OK;
+}
+
 /* In place: every member brings its state (the vector after `step` steps, and the cursor)
  * into the next round; they go on from the state the members agreed on. */
 static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *state,
@@ -492,8 +561,10 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
         fprintf(stderr, "rank %d: dropping my state at step %lld\n", rg_train_rank(ctx),
                 (long long)step);
     }
+    side_t side = {.step = step, .state = state, .dim = o->dim};
     rg_train_regroup_t rs = {.step = forget ? -1 : step, .bufs = buf, .n_bufs = 0,
-                             .cursor = *cur, .table = table};
+                             .cursor = *cur, .table = table, .extra_fn = side_make,
+                             .extra_arg = &side};
     if (o->state_kb > 0) {
         /* First: a transfer that breaks off while it goes breaks off in buffer 1. */
         rg_status_t fs = extra_fill(o, step, rg_train_joining(ctx) || forget);
@@ -506,6 +577,9 @@ static rg_status_t regroup(rg_train_ctx_t *ctx, const options_t *o, int64_t *sta
     buf[rs.n_bufs++] = (rg_train_buf_t){.data = state,
                                         .bytes = sizeof(int64_t) * (size_t)o->dim};
     rg_status_t st = rg_train_regroup(ctx, &rs);
+    if (st == RG_OK) {
+        st = side_check(&rs, state, o->dim);
+    }
     if (st == RG_OK && o->state_kb > 0 && rs.received) {
         st = extra_check(rs.step_out, EXTRA_STRIDE);
     } else if (st == RG_OK && o->state_kb > 0 && extra.step != rs.step_out) {

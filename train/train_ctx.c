@@ -263,6 +263,7 @@ void rg_train_finalize(rg_train_ctx_t *ctx)
     rg_ckpt_destroy(ctx->ckpt);
     rg_comm_destroy(ctx->comm);
     rg_comm_spare_destroy(ctx->spare);
+    free(ctx->regroup_extra);
     train_progress_stop(ctx->progress);
     rg_etcd_destroy(ctx->etcd);
     rg_notice_view_close(&ctx->notice);

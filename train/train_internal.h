@@ -100,6 +100,8 @@ struct rg_train_ctx {
                                       *   one of a node that joins */
     bool             said_ready;     /* it told its agent it is ready */
     rg_comm_spare_t *spare;          /* a UCX worker made for the next regroup's group */
+    unsigned char   *regroup_extra;  /* the last regroup's extra bytes received (its
+                                      * rg_train_regroup_t.extra), or NULL */
     int              join_wait_ms;   /* a newcomer: how long its agent may take to let it in
                                       * ($REGROUP_INPLACE_JOIN_TIMEOUT_MS; 0: not said) */
     int              fenced_round;   /* a write of this round was fenced while the agent

@@ -41,7 +41,8 @@
 #define SPARE_READY_MS      2000    /* a newcomer waits this long at most for its UCX worker */
 #define AGREE_WORDS         5       /* each member's step, buffer count, bytes, chunk, and
                                      * 0: a member, 1: a replacement, 2: a new node's worker */
-#define HDR_WORDS           3       /* the source's cursor: seed, epoch, step */
+#define HDR_WORDS           4       /* the source's cursor (seed, epoch, step) and its extra
+                                     * bytes' count */
 #define XFER_CHUNK          ((size_t)4 << 20)   /* the state goes in chunks of this size, */
 #define XFER_CHUNK_MAX      ((size_t)1 << 30)   /* ($REGROUP_REGROUP_CHUNK_BYTES: at most; */
                                                 /* the members take the smallest of theirs) */
@@ -50,6 +51,7 @@
 #define TAG_STATE_HDR       0xfffc0000u
 #define TAG_STATE           0xfffd0000u
 #define TAG_STATE_CHUNKS    0xffffu
+#define TAG_STATE_EXTRA     0xfffa0000u
 
 bool rg_train_in_place(const rg_train_ctx_t *ctx)
 {
@@ -302,9 +304,10 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
  * source sends to every peer in `peers`; a receiver (n_peers 1: the source) receives into
  * scratch (the buffers laid end to end) or, when scratch is NULL, into its buffers. On
  * failure *failed_buf is the buffer (from 1) in which the transfer broke off. */
-static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_regroup_t *rs, bool send,
-                                const int *peers, int n_peers, unsigned char *scratch,
-                                size_t chunk, size_t *failed_buf)
+static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_buf_t *bufs,
+                                size_t n_bufs, uint32_t tag_base, bool send, const int *peers,
+                                int n_peers, unsigned char *scratch, size_t chunk,
+                                size_t *failed_buf)
 {
     rg_comm_req_t **reqs = calloc((size_t)XFER_WINDOW * (size_t)n_peers, sizeof(*reqs));
     rg_status_t st = RG_OK;
@@ -316,8 +319,8 @@ static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_regroup_t *r
     if (reqs == NULL) {
         return rg_error(RG_ENOMEM, "regroup: transfer requests");
     }
-    while (i < rs->n_bufs && st == RG_OK) {
-        size_t bytes = rs->bufs[i].bytes;
+    while (i < n_bufs && st == RG_OK) {
+        size_t bytes = bufs[i].bytes;
         if (off >= bytes) {
             base += bytes;
             off = 0;
@@ -326,9 +329,9 @@ static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_regroup_t *r
         }
         size_t len = RG_MIN(chunk, bytes - off);
         unsigned char *p = scratch != NULL ? scratch + base + off
-                                           : (unsigned char *)rs->bufs[i].data + off;
+                                           : (unsigned char *)bufs[i].data + off;
         rg_comm_req_t **slot = &reqs[(size_t)(k % XFER_WINDOW) * (size_t)n_peers];
-        uint32_t tag = TAG_STATE + (k & TAG_STATE_CHUNKS);
+        uint32_t tag = tag_base + (k & TAG_STATE_CHUNKS);
         for (int j = 0; j < n_peers && st == RG_OK; j++) {
             if (slot[j] != NULL) {
                 st = rg_comm_req_wait(slot[j]);
@@ -352,7 +355,7 @@ static rg_status_t state_stream(rg_train_ctx_t *ctx, const rg_train_regroup_t *r
         rg_comm_req_free(reqs[j]);   /* (one still in progress fails the group: it has) */
     }
     free(reqs);
-    *failed_buf = RG_MIN(i + 1, rs->n_bufs);
+    *failed_buf = RG_MIN(i + 1, n_bufs);
     return st;
 }
 
@@ -389,6 +392,8 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     size_t from_node = 0;
     size_t total = 0;
     size_t failed_buf = 0;
+    rg_train_buf_t extra = {0};      /* the source's extra_fn bytes; a receiver's copy */
+    bool extra_mine = false;         /*   (then this function's until it is the context's) */
     size_t chunk = XFER_CHUNK_MAX;   /* the smallest of the members' */
     int64_t best = -1;
     int source = -1;
@@ -396,6 +401,11 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     bool differ = false;
     rg_status_t st = RG_OK;
 
+    free(ctx->regroup_extra);   /* (an earlier regroup's: valid until this one) */
+    ctx->regroup_extra = NULL;
+    rs->extra = NULL;
+    rs->extra_bytes = 0;
+    rs->n_received = 0;
     if (words == NULL || steps == NULL || peers == NULL) {
         st = rg_error(RG_ENOMEM, "regroup: steps");
         goto out;
@@ -463,17 +473,34 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
     bool is_source = ctx->rank == source;
     bool receives = steps[ctx->rank] != best;
     int64_t hdr[HDR_WORDS] = {(int64_t)my_cursor->seed, (int64_t)my_cursor->epoch,
-                              (int64_t)my_cursor->step};
+                              (int64_t)my_cursor->step, 0};
     if (is_source && n_peers > 0) {
-        rg_info("regroup: rank %d sends the state of step %lld (%zu bytes) to %d member%s of "
-                "round %d", ctx->rank, (long long)best, total, n_peers, n_peers > 1 ? "s" : "",
-                ctx->round);
+        const void *data = NULL;
+        size_t bytes = 0;
+        if (rs->extra_fn != NULL && (rs->extra_fn(rs->extra_arg, &data, &bytes) != 0 ||
+                                     (bytes > 0 && data == NULL) || bytes > RG_TRAIN_EXTRA_MAX)) {
+            /* (the receivers see this group fail, and try again with the next round) */
+            st = rg_error(RG_EINVAL, "regroup: the program's extra state for round %d failed "
+                          "(%zu bytes, at most %zu)", ctx->round, bytes, RG_TRAIN_EXTRA_MAX);
+            goto out;
+        }
+        extra = (rg_train_buf_t){.data = (void *)data, .bytes = bytes};
+        hdr[3] = (int64_t)bytes;
+        rg_info("regroup: rank %d sends the state of step %lld (%zu bytes, %zu extra) to %d "
+                "member%s of round %d", ctx->rank, (long long)best, total, bytes, n_peers,
+                n_peers > 1 ? "s" : "", ctx->round);
         for (int j = 0; j < n_peers && st == RG_OK; j++) {
             st = rg_comm_send(ctx->comm, hdr, HDR_WORDS, RG_DTYPE_I64, peers[j], TAG_STATE_HDR,
                               NULL);
         }
         if (st == RG_OK) {
-            st = state_stream(ctx, rs, true, peers, n_peers, NULL, chunk, &failed_buf);
+            st = state_stream(ctx, rs->bufs, rs->n_bufs, TAG_STATE, true, peers, n_peers, NULL,
+                              chunk, &failed_buf);
+        }
+        if (st == RG_OK && extra.bytes > 0) {
+            size_t ignored;
+            st = state_stream(ctx, &extra, 1, TAG_STATE_EXTRA, true, peers, n_peers, NULL,
+                              chunk, &ignored);
         }
     } else if (receives) {
         rg_info("regroup: rank %d receives the state of step %lld (%zu bytes) from rank %d "
@@ -490,7 +517,24 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
                               NULL);
         }
         if (st == RG_OK) {
-            st = state_stream(ctx, rs, false, &source, 1, scratch, chunk, &failed_buf);
+            st = state_stream(ctx, rs->bufs, rs->n_bufs, TAG_STATE, false, &source, 1, scratch,
+                              chunk, &failed_buf);
+        }
+        if (st == RG_OK && (hdr[3] < 0 || (uint64_t)hdr[3] > RG_TRAIN_EXTRA_MAX)) {
+            st = rg_error(RG_EPROTO, "regroup: rank %d sends %lld bytes of extra state (at "
+                          "most %zu)", source, (long long)hdr[3], RG_TRAIN_EXTRA_MAX);
+        }
+        if (st == RG_OK && hdr[3] > 0) {
+            extra = (rg_train_buf_t){.data = malloc((size_t)hdr[3]), .bytes = (size_t)hdr[3]};
+            extra_mine = true;
+            st = extra.data != NULL ? RG_OK
+                                    : rg_error(RG_ENOMEM, "regroup: %lld bytes of extra state",
+                                               (long long)hdr[3]);
+        }
+        if (st == RG_OK && extra.bytes > 0) {
+            size_t ignored;
+            st = state_stream(ctx, &extra, 1, TAG_STATE_EXTRA, false, &source, 1, NULL, chunk,
+                              &ignored);
         }
     } else if (ctx->rank == 0 && n_peers == 0) {
         rg_info("regroup: every member of round %d holds the state of step %lld",
@@ -550,12 +594,20 @@ static rg_status_t agree_state(rg_train_ctx_t *ctx, rg_train_regroup_t *rs, int6
         }
         *my_cursor = (rg_data_cursor_t){.seed = (uint64_t)hdr[0], .epoch = (uint64_t)hdr[1],
                                         .step = (uint64_t)hdr[2]};
+        ctx->regroup_extra = extra.data;
+        rs->extra = extra.data;
+        rs->extra_bytes = extra.bytes;
+        extra_mine = false;
     }
     *my_step = best;
     rs->received = receives;
+    rs->n_received = n_peers;
     rs->source = source;
     rs->step_out = best;
 out:
+    if (extra_mine) {
+        free(extra.data);   /* (a transfer that broke off) */
+    }
     train_table_view_free(view);
     free(scratch);
     free(peers);

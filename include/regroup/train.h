@@ -319,6 +319,14 @@ size_t      rg_train_table_row_bytes(const rg_train_table_t *table);
 rg_status_t rg_train_table_commit(rg_train_ctx_t *ctx, rg_train_table_t *table, int64_t step)
     RG_TRAIN_NODISCARD;
 
+/* rg_train_regroup_t.extra_fn: the source's state that is not in its buffers (an optimizer's
+ * state, anything of a size only the source knows), called on the source only, and only when
+ * some member receives. Sets *data and *bytes (at most RG_TRAIN_EXTRA_MAX; the program keeps
+ * the bytes valid until rg_train_regroup returns) and returns 0; non-zero fails the regroup
+ * (RG_EINVAL: a program's error, not retried). */
+typedef int (*rg_train_extra_fn_t)(void *arg, const void **data, size_t *bytes);
+#define RG_TRAIN_EXTRA_MAX ((size_t)1 << 30)
+
 typedef struct {
     /* in (a replacement's are ignored; its buffers get the state) */
     int64_t          step;       /* the steps this rank's state holds (completed), >= 0;
@@ -332,6 +340,8 @@ typedef struct {
     rg_data_cursor_t cursor;     /* where the data stream goes on from that state */
     rg_train_table_t *table;     /* the sharded state, or NULL: re-laid out for the new rank
                                     and world, holding step_out's rows, and committed */
+    rg_train_extra_fn_t extra_fn;/* or NULL: the source's other state, sent after the buffers */
+    void            *extra_arg;  /*   to each member that receives (with them, or not at all) */
     /* out */
     int              rank;       /* in the new round */
     int              world;
@@ -340,6 +350,10 @@ typedef struct {
     int              source;     /* the rank (new numbering) whose state every member took */
     bool             received;   /* this rank's buffers were overwritten from the source
                                     (false for the source and every member at step_out) */
+    int              n_received; /* the members that received (the same on every rank) */
+    const void      *extra;      /* a receiver's copy of the source's extra_fn bytes (NULL
+                                    otherwise, or with none): the context's memory, valid */
+    size_t           extra_bytes;/*   until its next rg_train_regroup or rg_train_finalize */
 } rg_train_regroup_t;
 
 /*
@@ -362,7 +376,8 @@ typedef struct {
  * new checkpointer for the new rank and world.
  *
  * The state goes point to point in chunks of $REGROUP_REGROUP_CHUNK_BYTES (default 4 MiB;
- * the members use the smallest of theirs), four in flight to each receiver. The new group's
+ * the members use the smallest of theirs), four in flight to each receiver, followed by the
+ * source's extra_fn bytes (a receiver takes the buffers and the extra together, or neither). The new group's
  * UCX worker is made ahead (rg_comm_spare_start): by a thread of the worker's once a group
  * is made (rg_train_init's, each regroup's) or, with none, as the regroup starts, while the
  * agents form the round; a replacement makes its own before it tells its agent it is ready.
