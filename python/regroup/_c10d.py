@@ -114,8 +114,10 @@ def _create(store, rank, world_size, timeout):
 def round_store(ctx):
     """A torch.distributed Store for init_process_group over ctx's round: the regroup backend
     needs none (its wire-up went through etcd), but torch's init ends with a store-based
-    barrier; this store runs it as the group's own barrier (a dead peer raises, never a
-    hang), and keeps other keys in this process."""
+    barrier, which this store passes at once: every rank of the round's group is connected
+    before the group is made (the wire-up heard from each), so there is nothing to wait for
+    (before, it ran the group's own barrier: after a regroup, one more wait for the slowest
+    rank). Other keys are kept in this process."""
     import torch.distributed as dist
 
     class RoundStore(dist.Store):
@@ -134,8 +136,6 @@ def round_store(ctx):
 
         def add(self, key, n):
             if key.startswith("store_based_barrier_key"):
-                if n:
-                    ctx.barrier()
                 return ctx.world_size
             v = int(self._d.get(key, 0)) + int(n)
             self._d[key] = str(v).encode()

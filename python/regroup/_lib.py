@@ -72,13 +72,20 @@ class TrainBuf(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_size_t)]
 
 
+# rg_train_extra_fn_t: int (*)(void *arg, const void **data, size_t *bytes)
+TrainExtraFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                ctypes.POINTER(ctypes.c_size_t))
+
+
 class TrainRegroup(ctypes.Structure):
     _fields_ = [("step", ctypes.c_int64), ("bufs", ctypes.POINTER(TrainBuf)),
                 ("n_bufs", ctypes.c_size_t), ("cursor", DataCursor),
-                ("table", ctypes.c_void_p), ("rank", ctypes.c_int),
+                ("table", ctypes.c_void_p), ("extra_fn", TrainExtraFn),
+                ("extra_arg", ctypes.c_void_p), ("rank", ctypes.c_int),
                 ("world", ctypes.c_int), ("round", ctypes.c_int),
                 ("step_out", ctypes.c_int64), ("source", ctypes.c_int),
-                ("received", ctypes.c_bool)]
+                ("received", ctypes.c_bool), ("n_received", ctypes.c_int),
+                ("extra", ctypes.c_void_p), ("extra_bytes", ctypes.c_size_t)]
 
 
 class Notice(ctypes.Structure):

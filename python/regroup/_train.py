@@ -11,11 +11,12 @@ _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 
 
 class Regrouped(collections.namedtuple(
-        "Regrouped", "rank world_size round step source received cursor")):
+        "Regrouped", "rank world_size round step source received cursor n_received extra")):
     """What ctx.regroup() agreed on: this rank and the world size in the new round, the step
     every member continues from (its state's completed steps), the rank (new numbering) whose
-    state every member took, whether this rank's buffers were overwritten with it, and the
-    data Cursor that goes with that state."""
+    state every member took, whether this rank's buffers were overwritten with it, the data
+    Cursor that goes with that state, how many members received it (the same on every rank),
+    and a receiver's copy of the source's extra bytes (regroup's `extra`; None otherwise)."""
 
     __slots__ = ()
 
@@ -221,7 +222,7 @@ class Context:
         self._table = Table(self, t)
         return self._table
 
-    def regroup(self, step, buffers, cursor, table=None):
+    def regroup(self, step, buffers, cursor, table=None, extra=None):
         """In place (rg_train_regroup): after a collective raised PeerError (or a timeout), or
         report raised MembershipChanged, on every member; and once by a replacement
         (self.joining) before any collective. Waits for the next round, builds its group and
@@ -233,7 +234,10 @@ class Context:
         Cursor, or a GlobalSampler's position) the data position after them; a replacement's
         are ignored. `table` (this worker's Table, or None): its rows are found at the step
         agreed on and moved to their owners in the new round (Table.rows() again for this
-        rank's). Returns a Regrouped; rank,
+        rank's). `extra` (a function returning bytes, or None): the source's state that is not
+        in `buffers` (an optimizer's, of a size only it knows), called on the source only when
+        some member receives, and sent after the buffers: each receiver gets both or neither
+        (r.extra). Returns a Regrouped; rank,
         world_size, round and joining then describe the new round (reshard a GlobalSampler
         with sampler.reshard(r.rank, r.world_size, r.cursor)). Raises regroup.Error when the
         regroup fails (the agent then restarts the job from its last checkpoint: exit
@@ -255,11 +259,27 @@ class Context:
             if table is not self._table:
                 raise ValueError("regroup: table is not this context's")
             rs.table = table._handle()
+        made = []   # the bytes the source sends (alive until the call returns), or its error
+        if extra is not None:
+            def extra_fn(_arg, data, nbytes):
+                try:
+                    b = bytes(extra())
+                except BaseException as e:   # (raised below, once the library returned)
+                    made.append(e)
+                    return -1
+                made.append(b)
+                data[0] = ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
+                nbytes[0] = len(b)
+                return 0
+            rs.extra_fn = _lib.TrainExtraFn(extra_fn)
         st = self._lib.rg_train_regroup(h, ctypes.byref(rs))
         self._members()
+        if made and isinstance(made[-1], BaseException):
+            raise made[-1]
         _status.check(st, "rg_train_regroup")
+        got = ctypes.string_at(rs.extra, rs.extra_bytes) if rs.received and rs.extra else None
         return Regrouped(rs.rank, rs.world, rs.round, rs.step_out, rs.source, bool(rs.received),
-                         Cursor._from_c(rs.cursor))
+                         Cursor._from_c(rs.cursor), rs.n_received, got)
 
     # ---- checkpoints -------------------------------------------------------------------
 

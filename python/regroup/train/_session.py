@@ -501,77 +501,49 @@ class Session:
         return True
 
     def regroup(self, why):
-        """Regroups in place: the state, the optimizer's and the loader's position from the
-        newest member. A member that took the parameters but not the rest cannot go on with a
-        mixed state: it regroups again holding none (step -1) and receives it all."""
+        """Regroups in place: the parameters and buffers, with the optimizer's state, the
+        last report's checkpoint and the loader's epoch from the newest member (regroup's
+        extra bytes: a receiver takes all of it or none)."""
         if not self.in_place:
             raise why
         t0 = time.monotonic()
-        stateless = False
-        for attempt in range(_REGROUP_ATTEMPTS):
-            step = -1 if stateless else (self.done if self.joined else 0)
-            r = self.ctx.regroup(step, self.state_tensors(), self.cursor)
-            try:
-                self._after_regroup(r)
-            except _status.Error as e:
-                if not _regroup_failure(e):
-                    raise
-                # A member that took the parameters but not the rest (the optimizer's state,
-                # the loader's position) holds no state now: it says so (step -1) and
-                # receives the whole state again in the next group. Before, it failed and its
-                # agent started a replacement.
-                stateless = stateless or r.received
-                continue
-            if r.rank == 0:
-                print("regroup.train: regrouped at step %d: world size %d, round %d%s in "
-                      "%.3f s" % (r.step, r.world_size, r.round,
-                                  "" if why is None else " (%s)" % type(why).__name__,
-                                  time.monotonic() - t0), file=sys.stderr)
-            return r
-        raise RuntimeError("regroup.train: %d regroups in a row broke off" % _REGROUP_ATTEMPTS)
+        step = self.done if self.joined else 0
+        r = self.ctx.regroup(step, self.state_tensors(), self.cursor, extra=self._state_bytes)
+        self._after_regroup(r)
+        if r.rank == 0:
+            print("regroup.train: regrouped at step %d: world size %d, round %d%s in %.3f s" % (
+                r.step, r.world_size, r.round, "" if why is None else " (%s)" % type(why).__name__,
+                time.monotonic() - t0), file=sys.stderr)
+        return r
+
+    def _state_bytes(self):
+        """The source's state that is not in its tensors, for the members that receive."""
+        ck = self.last_checkpoint.to_dict() if self.last_checkpoint is not None else None
+        return _ckpt.dumps({
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "checkpoint": ck, "checkpoint_step": self.last_checkpoint_step,
+            "loader_epoch": self._epoch(), "finishing": self.finishing,
+            "started": self.started})
 
     def _after_regroup(self, r):
-        torch = _torch()
-        flag = torch.tensor([1 if r.received else 0], dtype=torch.int64)
-        if r.world_size > 1:
-            self.ctx.allreduce(flag, op="max")
-        if flag.item():
-            n = torch.zeros(1, dtype=torch.int64)
-            blob = None
-            if r.rank == r.source:
-                ck = None
-                if self.last_checkpoint is not None:
-                    ck = self.last_checkpoint.to_dict()
-                blob = _ckpt.dumps({
-                    "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                    "checkpoint": ck, "checkpoint_step": self.last_checkpoint_step,
-                    "loader_epoch": self._epoch(), "finishing": self.finishing,
-                    "started": self.started})
-                n[0] = len(blob)
-            self.ctx.broadcast(n, root=r.source)
-            buf = torch.zeros(int(n.item()), dtype=torch.uint8)
-            if blob is not None:
-                buf.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-            self.ctx.broadcast(buf, root=r.source)
-            if r.received:
-                got = _ckpt.loads(buf.numpy().tobytes())
-                if self.optimizer is not None and got["optimizer"] is not None:
-                    self.optimizer.load_state_dict(got["optimizer"])
-                if self.loader is not None:
-                    self.loader.epoch = got["loader_epoch"]
-                else:
-                    self.pending_extra = {"loader_epoch": got["loader_epoch"]}
-                if got["checkpoint"] is not None:
-                    self.received_checkpoint = _ckpt.Checkpoint(data=got["checkpoint"],
-                                                                step=r.step)
-                    self.last_checkpoint = self.received_checkpoint
-                    self.last_checkpoint_step = got["checkpoint_step"]
-                self.finishing = self.finishing or got["finishing"]
-                self.source_started = got.get("started", True)
-                self.received_live = self.source_started
-                if not self.joined:  # what the user's load of that checkpoint must not undo
-                    self.resync = ([t.clone() for t in self.state_tensors()],
-                                   got["optimizer"])
+        if r.received:
+            got = _ckpt.loads(r.extra)
+            if self.optimizer is not None and got["optimizer"] is not None:
+                self.optimizer.load_state_dict(got["optimizer"])
+            if self.loader is not None:
+                self.loader.epoch = got["loader_epoch"]
+            else:
+                self.pending_extra = {"loader_epoch": got["loader_epoch"]}
+            if got["checkpoint"] is not None:
+                self.received_checkpoint = _ckpt.Checkpoint(data=got["checkpoint"],
+                                                            step=r.step)
+                self.last_checkpoint = self.received_checkpoint
+                self.last_checkpoint_step = got["checkpoint_step"]
+            self.finishing = self.finishing or got["finishing"]
+            self.source_started = got.get("started", True)
+            self.received_live = self.source_started
+            if not self.joined:  # what the user's load of that checkpoint must not undo
+                self.resync = ([t.clone() for t in self.state_tensors()], got["optimizer"])
         self.done = r.step
         self.cursor = r.cursor
         self.deferred = None
