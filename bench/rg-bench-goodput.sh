@@ -41,7 +41,9 @@
 # logs its steps (steps.txt): pause_ms, the gaps over 5x the run's median step in the
 # faulty runs; pauses_per_kill, per run; steps_cost_per_kill_s, the faulty run's first-to-
 # last step less the fault-free run's, per kill (the kills' cost without the job's start and
-# end, where the repetitions' noise is). --keep DIR keeps
+# end, where the repetitions' noise is); lost_after_kill_ms, per kill, the faulty run's step
+# gaps from the kill to the next one (--every-ms) less the run's median gap each: the time
+# the steps lost to it, with no fault-free run in the figure. --keep DIR keeps
 # every run's log (and the kills: "MS PID" per line) under DIR.
 #
 #   bench/rg-bench-goodput.sh [--build DIR] [--reps N] [--epochs E] [-n WORKERS]
@@ -292,7 +294,7 @@ done
 PYTHONPATH="$here" /usr/bin/python3 - "$out" "$reps" "$n" "$epochs" "$every_ms" "$max_kills" \
     "$here/.." "$build" "$load_start" "$workload" "$modes" <<'EOF'
 import json, os, re, sys
-from rg_bench_steps import build_meta, pauses, read, span_s, stats
+from rg_bench_steps import build_meta, lost_after, pauses, read, span_s, stats
 out, reps, n, epochs, every_ms, max_kills = sys.argv[1], *map(int, sys.argv[2:7])
 meta = build_meta(sys.argv[7], sys.argv[8])
 workload, modes = sys.argv[10], sys.argv[11].split(",")
@@ -336,7 +338,15 @@ def step_figures(mode):
     if not logs:
         return {}
     per_run = [pauses(f) for _, f, _ in logs]
+    lost = []
+    for r in range(reps):
+        f, kills = step_log(mode, r, "faulty"), os.path.join(out, f"{mode}-{r}-faulty", "log.kills")
+        if f and os.path.exists(kills):
+            with open(kills) as kf:
+                lost += lost_after(f, [int(line.split()[0]) for line in kf if line.strip()],
+                                   every_ms)
     return {"pause_ms": stats([p * 1000.0 for ps in per_run for p in ps]),
+            **({"lost_after_kill_ms": stats([x * 1000.0 for x in lost])} if lost else {}),
             "pauses_per_kill": stats([len(ps) / run["kills"] for ps, (_, _, run) in
                                       zip(per_run, logs)]),
             "steps_cost_per_kill_s": stats([(span_s(f) - span_s(c)) / run["kills"]

@@ -49,6 +49,25 @@ def pauses(steps, factor=5):
     return [g for g in gaps if g > factor * normal]
 
 
+def lost_after(steps, kills_ms, window_ms):
+    """Per kill (CLOCK_REALTIME ms), the time the steps lost to it (s): over the gaps that end
+    from the kill to window_ms after it (or the next kill, if sooner), each gap less the run's
+    median gap. The run's own median is the baseline, not a fault-free run's, whose time
+    drifts from run to run on a shared machine; the noise of the steps in the window counts
+    as lost (their mean is above their median), so the figure errs high."""
+    times = [t for _, t in steps]
+    gaps = [(b, (b - a) / 1000.0) for a, b in zip(times, times[1:])]
+    if not gaps:
+        raise ValueError("a step log of fewer than two steps")
+    normal = statistics.median(g for _, g in gaps)
+    kills = sorted(kills_ms)
+    out = []
+    for i, k in enumerate(kills):
+        end = min(k + window_ms, kills[i + 1]) if i + 1 < len(kills) else k + window_ms
+        out.append(sum(g - normal for t, g in gaps if k <= t < end))
+    return out
+
+
 def span_s(steps):
     """From the first completed step to the last, in seconds."""
     return (steps[-1][1] - steps[0][1]) / 1000.0
