@@ -42,8 +42,9 @@
 # faulty runs; pauses_per_kill, per run; steps_cost_per_kill_s, the faulty run's first-to-
 # last step less the fault-free run's, per kill (the kills' cost without the job's start and
 # end, where the repetitions' noise is); lost_after_kill_ms, per kill, the faulty run's step
-# gaps from the kill to the next one (--every-ms) less the run's median gap each: the time
-# the steps lost to it, with no fault-free run in the figure. --keep DIR keeps
+# gaps from the kill to the next one (--every-ms) less the mean gap of its steps in the 0.4 s
+# before the kill: the time the steps lost to it, against the same run's pace just before
+# (no fault-free run in the figure). --keep DIR keeps
 # every run's log (and the kills: "MS PID" per line) under DIR.
 #
 #   bench/rg-bench-goodput.sh [--build DIR] [--reps N] [--epochs E] [-n WORKERS]

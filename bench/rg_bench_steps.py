@@ -49,22 +49,24 @@ def pauses(steps, factor=5):
     return [g for g in gaps if g > factor * normal]
 
 
-def lost_after(steps, kills_ms, window_ms):
-    """Per kill (CLOCK_REALTIME ms), the time the steps lost to it (s): over the gaps that end
-    from the kill to window_ms after it (or the next kill, if sooner), each gap less the run's
-    median gap. The run's own median is the baseline, not a fault-free run's, whose time
-    drifts from run to run on a shared machine; the noise of the steps in the window counts
-    as lost (their mean is above their median), so the figure errs high."""
+def lost_after(steps, kills_ms, window_ms, before_ms=400):
+    """Per kill (CLOCK_REALTIME ms), the time the steps lost to it (s): the gaps that end from
+    the kill to window_ms after it (or the next kill, if sooner), each less the mean gap of
+    the steps that ended in the before_ms before the kill. The baseline is the same run's,
+    just before, not a fault-free run's, whose speed drifts from run to run on a shared
+    machine by as much as a kill costs. A kill with fewer than 5 steps before it in that
+    time (the job's start, or right after another kill's pauses) has no figure."""
     times = [t for _, t in steps]
-    gaps = [(b, (b - a) / 1000.0) for a, b in zip(times, times[1:])]
-    if not gaps:
-        raise ValueError("a step log of fewer than two steps")
-    normal = statistics.median(g for _, g in gaps)
+    gaps = [(b, b - a) for a, b in zip(times, times[1:])]
     kills = sorted(kills_ms)
     out = []
     for i, k in enumerate(kills):
+        before = [g for t, g in gaps if k - before_ms <= t < k]
+        if len(before) < 5:
+            continue
+        base = sum(before) / len(before)
         end = min(k + window_ms, kills[i + 1]) if i + 1 < len(kills) else k + window_ms
-        out.append(sum(g - normal for t, g in gaps if k <= t < end))
+        out.append(sum(g - base for t, g in gaps if k <= t < end) / 1000.0)
     return out
 
 
