@@ -14,10 +14,15 @@ there, in the job's first round (not a survivor renumbered 1, nor a replacement)
 --table-rows N: a sharded table (ctx.table) of N int64 rows too, row i adding (i + 1) *
 (step + 1) at every step and committed before `seen` takes the step; at the end every rank
 checks its rows and rank 0 prints "table=1" (or "table=0 ...", exit 1).
+With `seen` goes a side record of a size only the source knows (regroup's `extra`): the step
+and a digest of its `seen`, and step % 7 filler bytes; a receiver checks it against the
+`seen` it received ("side record ..." and exit 1 otherwise), and a member that received
+nothing must have none.
 
   worker_inplace.py [--kill-at S] [--epochs E] [--table-rows N]
 """
 import argparse
+import hashlib
 import os
 import signal
 import sys
@@ -81,9 +86,19 @@ def run(ctx, a):
         rows.view(np.int64)[:, 0] += (ids + 1) * (gstep + 1)
         table.commit(gstep + 1)
 
+    def side(step):
+        return b"%d:%s:" % (step, hashlib.sha256(seen.tobytes()).hexdigest().encode()) + \
+            b"x" * (step % 7)
+
     while True:
         if why is not None:
-            r = ctx.regroup(done, [seen], cur, table=table)
+            at = done
+            r = ctx.regroup(done, [seen], cur, table=table, extra=lambda: side(at))
+            want = side(r.step) if r.received else None
+            if r.extra != want or (r.received and r.n_received < 1):
+                print("side record of step %d: %r, not %r (%d received)" % (
+                    r.step, r.extra, want, r.n_received), file=sys.stderr, flush=True)
+                return 1
             sampler.reshard(r.rank, r.world_size, r.cursor)
             done, cur = r.step, r.cursor
             table_at = done
