@@ -142,7 +142,12 @@ static bool cycle_one(chaos_t *c, int i)
     /* Let the job run a little (a checkpoint or two) before each fault. */
     chaos_progress_t now;
     if (!chaos_wait_progress(c, rg_wall_s(), 0, 30000, &now)) {
-        chaos_say("no progress before fault %d", i);
+        /* Where it stalled, while it still does (a soak's run dir is gone once it fails,
+         * unless RG_CHAOS_KEEP is set). */
+        chaos_say("no progress before fault %d for 30 s; the job's state and the agents' logs:",
+                  i);
+        chaos_job_print_state(c, stdout);
+        chaos_agent_logs_tail(c);
         return false;
     }
     c->faults.n_recs++;
