@@ -131,7 +131,7 @@ void rg_notice_post(rg_notice_host_t *h, int kind, int round, int64_t deadline_m
 }
 
 void rg_notice_assign(rg_notice_host_t *h, int round, int world, int restarts,
-                      const int *ranks, int n)
+                      const int *ranks, int n, int64_t lease)
 {
     rg_notice_page_t *p = h->page;
     uint64_t seq;
@@ -150,6 +150,7 @@ void rg_notice_assign(rg_notice_host_t *h, int round, int world, int restarts,
     for (int i = 0; i < n; i++) {
         atomic_store_explicit(&p->asg_rank[i], ranks[i], memory_order_relaxed);
     }
+    atomic_store_explicit(&p->asg_lease, lease, memory_order_relaxed);
     atomic_store_explicit(&p->asg_seq, seq + 2, memory_order_release);
 }
 
@@ -159,6 +160,7 @@ bool rg_notice_read_assign(const rg_notice_view_t *v, rg_notice_assign_t *a)
 
     a->round = -1;
     a->n = 0;
+    a->lease = 0;
     if (p == NULL) {
         return false;
     }
@@ -175,6 +177,7 @@ bool rg_notice_read_assign(const rg_notice_view_t *v, rg_notice_assign_t *a)
         for (int i = 0; i < a->n; i++) {
             a->rank[i] = atomic_load_explicit(&p->asg_rank[i], memory_order_relaxed);
         }
+        a->lease = atomic_load_explicit(&p->asg_lease, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&p->asg_seq, memory_order_relaxed) == s1) {
             return a->round >= 0;

@@ -28,7 +28,7 @@
 
 #define RG_NOTICE_ENV     "REGROUP_NOTICE_FD"
 #define RG_NOTICE_MAGIC   0x52474e54u   /* "RGNT" */
-#define RG_NOTICE_VERSION 2u
+#define RG_NOTICE_VERSION 3u
 #define RG_NOTICE_REASON_MAX 128
 #define RG_NOTICE_MAX_LOCAL  256          /* local ranks an assignment covers */
 /* In an in-place job (`--recovery=in-place`): the write end of the agent's pipe, which every
@@ -90,6 +90,10 @@ typedef struct {
     _Atomic int32_t  asg_restarts;
     _Atomic int32_t  asg_n;              /* local ranks listed */
     _Atomic int32_t  asg_rank[RG_NOTICE_MAX_LOCAL];
+    _Atomic int64_t  asg_lease;          /* the agent's lease in that round: what the
+                                          * workers fence their writes with (it changes when
+                                          * the agent joined with a new one, its old one
+                                          * lost, while its workers lived) */
 } rg_notice_page_t;
 
 /* A consistent copy of the assignment. */
@@ -99,6 +103,7 @@ typedef struct {
     int restarts;
     int n;
     int rank[RG_NOTICE_MAX_LOCAL];
+    int64_t lease;                     /* the agent's lease in that round; 0: not said */
 } rg_notice_assign_t;
 
 /* A consistent copy of the current notice. */
@@ -134,10 +139,11 @@ void        rg_notice_heartbeat(rg_notice_host_t *h);
 void        rg_notice_post(rg_notice_host_t *h, int kind, int round, int64_t deadline_ms,
                            const char *reason);
 
-/* In-place jobs: publishes the round this node is in and each local rank's global rank
- * (ranks[0..n-1], -1 for a local rank not in the round). Never blocks. */
+/* In-place jobs: publishes the round this node is in, each local rank's global rank
+ * (ranks[0..n-1], -1 for a local rank not in the round) and the agent's lease there (what
+ * the workers' fence compares; 0: not said). Never blocks. */
 void        rg_notice_assign(rg_notice_host_t *h, int round, int world, int restarts,
-                             const int *ranks, int n);
+                             const int *ranks, int n, int64_t lease);
 
 /* ---- the worker's side ----------------------------------------------------------------- */
 

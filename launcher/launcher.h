@@ -470,9 +470,12 @@ bool        launcher_inplace_any_grouped(const launcher_inplace_t *ip,
 int         launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_workers_t *ws);
 
 /* Puts this node's ranks in asg (a round it joined in place) into the page and the worker
- * table: ready replacements become members. */
+ * table: ready replacements become members. lease: the agent's in that round, which its
+ * workers fence their writes with from then on (the one in their environment is the
+ * agent's when they started: it changes when the agent joins with a new one). */
 void        launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
-                                    rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg);
+                                    rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg,
+                                    int64_t lease);
 
 typedef struct {
     const rg_agent_params_t *cfg;

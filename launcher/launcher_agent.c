@@ -369,7 +369,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
     ag->restart_count = asg->restart_count;
     launcher_leave_init(&lv, cfg, &ag->ws, ag->rdzv, &ag->notice, asg);
     if (resume) {
-        launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
+        launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg,
+                                rg_rdzv_lease_id(ag->rdzv));
         rg_info("round %d: %d workers carry on in place (ranks from %d, world %d, restart %d)",
                 asg->round, launcher_inplace_members(&ag->ip, &ag->ws), asg->rank_offset,
                 asg->world_size, asg->restart_count);
@@ -396,7 +397,8 @@ static round_end_t run_round(agent_t *ag, const rg_rdzv_assignment_t *asg, bool 
                 cfg->nproc, asg->rank_offset, asg->rank_offset + cfg->nproc - 1,
                 asg->world_size, asg->restart_count);
         if (ag->ip.enabled) {   /* (their first group is made in rg_train_init) */
-            launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg);
+            launcher_inplace_assign(&ag->ip, &ag->ws, &ag->notice, asg,
+                                    rg_rdzv_lease_id(ag->rdzv));
         }
     }
     launcher_preempt_t pn;

@@ -294,7 +294,8 @@ int launcher_inplace_in_round(const launcher_inplace_t *ip, const launcher_worke
 }
 
 void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
-                             rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg)
+                             rg_notice_host_t *notice, const rg_rdzv_assignment_t *asg,
+                             int64_t lease)
 {
     int ranks[RG_NOTICE_MAX_LOCAL];
     bool pick[RG_NOTICE_MAX_LOCAL] = {false};
@@ -329,7 +330,8 @@ void launcher_inplace_assign(launcher_inplace_t *ip, launcher_workers_t *ws,
     ip->ready_seen = ready_left;   /* (it is the next planned change) */
     ip->regroup_asked = false;
     ip->assigned_ns = rg_now_ns();
-    rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n);
+    rg_notice_assign(notice, asg->round, asg->world_size, asg->restart_count, ranks, ws->n,
+                     lease);
 }
 
 /* One pass of what the agent does for its workers while it joins in place: the timer, the

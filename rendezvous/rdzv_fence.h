@@ -11,8 +11,10 @@
  * A writer whose agent was stopped past its lease TTL, or cut from etcd, or whose round the
  * others have already left, is refused with RG_ELEASE and a message naming the round; it
  * never changes the job's state. Workers learn their agent's id and lease from the
- * environment the agent gives them (REGROUP_ROUND, REGROUP_AGENT_ID, REGROUP_AGENT_LEASE);
- * see docs/etcd-keys.md.
+ * environment the agent gives them (REGROUP_ROUND, REGROUP_AGENT_ID, REGROUP_AGENT_LEASE),
+ * and in place, at each regroup, the round and lease from the notice page's assignment (an
+ * agent that lost its lease joins with a new one while its workers live); see
+ * docs/etcd-keys.md.
  *
  * Private to regroup (rendezvous/ is on every part's include path).
  */

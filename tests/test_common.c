@@ -140,9 +140,10 @@ START_TEST(test_notice_assign_and_pipe)
     ck_assert(!rg_notice_read_assign(&v, &a));   /* none yet */
     ck_assert_int_eq(a.round, -1);
     int ranks[3] = {4, -1, 5};
-    rg_notice_assign(&h, 3, 6, 1, ranks, 3);
+    rg_notice_assign(&h, 3, 6, 1, ranks, 3, 0x7fe1a2539790c813);
     ck_assert(rg_notice_read_assign(&v, &a));
     ck_assert_int_eq(a.round, 3);
+    ck_assert(a.lease == 0x7fe1a2539790c813);   /* (what the workers fence with) */
     ck_assert_int_eq(a.world, 6);
     ck_assert_int_eq(a.restarts, 1);
     ck_assert_int_eq(a.n, 3);

@@ -142,6 +142,87 @@ START_TEST(test_stopped_agent_is_fenced)
 }
 END_TEST
 
+/* Job id's keys under its prefix + rest (one key, or a prefix) into res. */
+static void job_range(const char *id, const char *rest, bool prefix, rg_etcd_range_t *res)
+{
+    char key[200];
+    snprintf(key, sizeof(key), "/regroup/%s/%s", id, rest);
+    rg_etcd_t *c = NULL;
+    ck_assert_int_eq(rg_etcd_create(&etcd.params, &c), RG_OK);
+    rg_etcd_range_req_t req = {.key = key, .prefix = prefix};
+    ck_assert_msg(rg_etcd_range(c, &req, rg_deadline_in_ms(5000), res) == RG_OK, "%s",
+                  rg_last_error());
+    rg_etcd_destroy(c);
+}
+
+/* The last committed checkpoint's step of job id (workers/ckpt/latest), or -1. */
+static long latest_step(const char *id)
+{
+    rg_etcd_range_t res;
+    long step = -1;
+    job_range(id, "workers/ckpt/latest", false, &res);
+    if (res.n_kvs == 1 && res.kvs[0].value_len < 32) {
+        char v[32];
+        memcpy(v, res.kvs[0].value, res.kvs[0].value_len);
+        v[res.kvs[0].value_len] = '\0';
+        step = strtol(v, NULL, 10);
+    }
+    rg_etcd_range_cleanup(&res);
+    return step;
+}
+
+/* The lease of job id's one agent (its node key's), or 0. */
+static int64_t agent_lease(const char *id)
+{
+    rg_etcd_range_t res;
+    int64_t lease = 0;
+    job_range(id, "rounds/", true, &res);
+    for (size_t i = 0; i < res.n_kvs; i++) {
+        if (strstr(res.kvs[i].key, "/nodes/") != NULL && res.kvs[i].lease != 0) {
+            lease = res.kvs[i].lease;   /* (one agent: its node key in the running round) */
+        }
+    }
+    rg_etcd_range_cleanup(&res);
+    return lease;
+}
+
+/* In place, an agent whose lease is lost joins the next round with a new one while its
+ * workers live: they fence their writes with the new lease from then on (the page's
+ * assignment carries it). Before, they kept the lease of their environment: every
+ * checkpoint commit and progress record was refused, and each refusal regrouped (40
+ * regroups in 2 minutes, no checkpoint committed after the lease was replaced). */
+START_TEST(test_inplace_agent_with_a_new_lease)
+{
+    char ep[600];
+    snprintf(ep, sizeof(ep), "--rdzv-endpoint=%s", etcd.srv.endpoints);
+    char *argv[] = {REGROUP_BIN, ep, "--rdzv-id=newlease", "--nnodes=1", "--nproc-per-node=2",
+                    "--rdzv-conf=lease_ttl=2", "--recovery=in-place", "--max-restarts=3",
+                    RG_EXACT_BIN, "--epochs", "100000", "--work", "3000", "--ckpt-every", "5",
+                    "--stop-file", stop_path, NULL};
+    pid_t a = test_spawn_logged(dir, "a", argv);
+    TEST_WAIT_UNTIL(test_ckpt_committed(ckpt) > 0, 60000, "no committed checkpoint within 60 s");
+    int64_t lease = agent_lease("newlease");
+    ck_assert_msg(lease != 0, "the agent's node key has no lease");
+    rg_etcd_t *c = NULL;
+    ck_assert_int_eq(rg_etcd_create(&etcd.params, &c), RG_OK);
+    ck_assert_msg(rg_etcd_lease_revoke(c, lease, rg_deadline_in_ms(5000)) == RG_OK, "%s",
+                  rg_last_error());
+    rg_etcd_destroy(c);
+    long from = test_log_size(dir, "a");
+    TEST_WAIT_UNTIL(test_log_has_after(dir, "a", from, "carry on in place"), 30000,
+                    "the agent did not join the next round with its workers");
+    /* Then checkpoints commit in that round (one every 5 steps). */
+    long before = latest_step("newlease");
+    TEST_WAIT_UNTIL(latest_step("newlease") > before + 10, 30000,
+                    "no checkpoint committed after the agent's lease was replaced (the last "
+                    "at step %ld)", before);
+    test_end_training(dir);
+    test_expect_exit(a, 120000, 0);
+    ck_assert_msg(test_log_has(dir, "a", "exact=1"), "the job did not end with the exact result");
+    ck_assert_int_gt(check_no_stale_writes("newlease"), 0);
+}
+END_TEST
+
 START_TEST(test_node_loss_not_counted)
 {
     pid_t a;
@@ -231,6 +312,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stopped_agent_is_fenced);
+    tcase_add_test(tc, test_inplace_agent_with_a_new_lease);
     tcase_add_test(tc, test_node_loss_not_counted);
     tcase_add_test(tc, test_preemption_not_counted);
     tcase_add_test(tc, test_stopped_worker_found_hung);

@@ -476,7 +476,7 @@ START_TEST(test_inplace_assign_keeps_to_the_round_count)
     asg->rank_offset = 2;
     asg->members[0].nproc = 2;
     asg->members[1].nproc = 1;
-    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    launcher_inplace_assign(&ip, &ws, &nh, asg, 0x1234);
     ck_assert_int_eq(ws.w[0].rank, 2);
     ck_assert_int_eq(ip.state[0], INPLACE_IN_ROUND);
     ck_assert_int_eq(ip.state[1], INPLACE_READY);
@@ -486,14 +486,14 @@ START_TEST(test_inplace_assign_keeps_to_the_round_count)
     asg->round = 8;
     asg->members[1].nproc = 0;
     asg->world_size = 2;
-    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    launcher_inplace_assign(&ip, &ws, &nh, asg, 0x1234);
     ck_assert_int_eq(ip.state[1], INPLACE_READY);
     /* The next round counts both: the survivor first, then the replacement. */
     ip.state[0] = INPLACE_IN_ROUND;
     asg->round = 9;
     asg->members[1].nproc = 2;
     asg->world_size = 4;
-    launcher_inplace_assign(&ip, &ws, &nh, asg);
+    launcher_inplace_assign(&ip, &ws, &nh, asg, 0x1234);
     ck_assert_int_eq(ws.w[0].rank, 2);
     ck_assert_int_eq(ws.w[1].rank, 3);
     ck_assert_int_eq(ip.state[1], INPLACE_IN_ROUND);

@@ -287,10 +287,15 @@ static rg_status_t make_group(rg_train_ctx_t *ctx, const rg_notice_assign_t *a,
     ctx->round = a->round;
     ctx->restart_count = a->restarts;
     if (ctx->fence.on) {
-        /* The job's writes from now on are this round's (rdzv_fence.h). */
+        /* The job's writes from now on are this round's (rdzv_fence.h), under the agent's
+         * lease in it: the page's. The one from the environment is the agent's when this
+         * worker started; an agent whose lease was lost joins with a new one while its
+         * workers live, and every write fenced with the old one was refused (each a regroup
+         * that asked for another round: a regroup every few steps, no checkpoint). */
         char agent[sizeof(ctx->fence.agent)];
         snprintf(agent, sizeof(agent), "%s", ctx->fence.agent);
-        st = rdzv_fence_init(&ctx->fence, &ctx->keys, a->round, agent, ctx->fence.lease);
+        st = rdzv_fence_init(&ctx->fence, &ctx->keys, a->round, agent,
+                             a->lease != 0 ? a->lease : ctx->fence.lease);
         if (st != RG_OK) {
             return st;
         }
